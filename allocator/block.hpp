@@ -1,0 +1,108 @@
+// allocator/block.hpp: blocks, segments and the arena that recycles blocks.
+//
+// A Segment is one reservation from the DeviceRuntime. Its Blocks tile it
+// exactly, in address order, linked through `prev`/`next` (physical
+// neighbours). A block is allocated, free (in its pool's FreeIndex) or
+// pending-free (freed by the caller, waiting on events recorded on the other
+// streams it was used on). Two free physical neighbours never coexist: a
+// block that becomes free merges with free neighbours at once.
+//
+// Block objects come from a BlockArena: a free list over chunks that are
+// never returned, so that splitting and merging allocate no heap memory once
+// the arena is warm.
+#ifndef CAPALLOC_ALLOCATOR_BLOCK_HPP_
+#define CAPALLOC_ALLOCATOR_BLOCK_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "capalloc/allocator.hpp"
+#include "capalloc/runtime.hpp"
+
+namespace capalloc::detail {
+
+class Pool;
+struct Segment;
+
+struct Block {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;       // rounded size; blocks tile their segment
+  std::size_t requested = 0;  // what the caller asked for (allocated blocks)
+  Block* prev = nullptr;      // physical neighbours in the segment
+  Block* next = nullptr;
+  Block* free_prev = nullptr;  // links of the FreeIndex bin list
+  Block* free_next = nullptr;
+  Segment* segment = nullptr;
+  BlockState state = BlockState::kFree;
+  Lifetime lifetime = Lifetime::kTransient;
+  bool in_free_index = false;
+  std::uint32_t tag_id = 0;
+  std::uint32_t pending_events = 0;  // events still to complete (kPendingFree)
+  std::uint64_t sequence = 0;        // allocation sequence number
+  // Streams other than the owner's the block was used on (record_stream).
+  absl::InlinedVector<StreamHandle, 2> used_on;
+
+  bool is_free() const { return state == BlockState::kFree; }
+  const void* ptr() const { return reinterpret_cast<const void*>(addr); }
+};
+
+// Segments are owned by a stream: every block carved from one is handed out
+// on that stream only, so reuse never races with work of another stream.
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  int device = 0;
+  StreamHandle stream = kDefaultStream;
+  bool small = false;  // serves small requests only (see SizePolicy)
+  Pool* pool = nullptr;
+  Block* first = nullptr;
+
+  bool fully_free() const { return first != nullptr && first->next == nullptr && first->is_free(); }
+};
+
+class BlockArena {
+ public:
+  BlockArena() = default;
+  BlockArena(const BlockArena&) = delete;
+  BlockArena& operator=(const BlockArena&) = delete;
+
+  // A block with every field reset. Allocates a chunk only when the free list
+  // is empty.
+  Block* make() {
+    if (free_list_ == nullptr) grow();
+    Block* b = free_list_;
+    free_list_ = b->next;
+    b->next = nullptr;
+    return b;
+  }
+
+  void recycle(Block* b) {
+    b->used_on.clear();
+    auto used_on = std::move(b->used_on);  // keep the (inline) storage
+    *b = Block{};
+    b->used_on = std::move(used_on);
+    b->next = free_list_;
+    free_list_ = b;
+  }
+
+ private:
+  static constexpr std::size_t kChunkBlocks = 256;
+  void grow() {
+    chunks_.push_back(std::make_unique<Block[]>(kChunkBlocks));
+    Block* chunk = chunks_.back().get();
+    for (std::size_t i = 0; i < kChunkBlocks; ++i) {
+      chunk[i].next = free_list_;
+      free_list_ = &chunk[i];
+    }
+  }
+
+  std::vector<std::unique_ptr<Block[]>> chunks_;
+  Block* free_list_ = nullptr;
+};
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_BLOCK_HPP_

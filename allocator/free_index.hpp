@@ -1,0 +1,82 @@
+// allocator/free_index.hpp: the free-block index of one (pool, stream, size
+// class), a two-level segregated fit (TLSF-style) structure.
+//
+// Why TLSF and not an ordered set (PyTorch keeps a std::set ordered by size
+// and address): lookup, insert and remove are O(1) with a small constant (two
+// bit scans and a list splice), independent of how many blocks are free, and
+// no node is allocated per insert. An ordered set gives exact best fit at
+// O(log n) with a heap node per entry.
+//
+// Layout: sizes are counted in granules (the allocator's rounding
+// granularity). The first level is floor(log2(granules)); the second level
+// splits each power-of-two range into 16 equal bins. Bin lists are intrusive
+// (Block::free_prev/free_next), newest first, so the most recently freed block
+// of a size is reused first. Bitmaps record which bins are non-empty.
+//
+// Fit policy ("good fit"): take the best fit among the first few blocks of
+// the request's own bin (an exact or near-exact fit, which is what a
+// steady-state trace of repeated sizes produces), else the first block
+// of the next non-empty bin above, where every block fits. The waste of the
+// second step is bounded by 1/16 of the request before the allocator splits
+// the remainder off.
+#ifndef CAPALLOC_ALLOCATOR_FREE_INDEX_HPP_
+#define CAPALLOC_ALLOCATOR_FREE_INDEX_HPP_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/block.hpp"
+
+namespace capalloc::detail {
+
+class FreeIndex {
+ public:
+  // `granule_shift`: log2 of the allocator's granularity; every size given to
+  // the index is a non-zero multiple of the granularity.
+  explicit FreeIndex(unsigned granule_shift) : granule_shift_(granule_shift) {}
+
+  void insert(Block* block);
+  void remove(Block* block);
+  // A free block of at least `size` bytes, or nullptr. Does not remove it.
+  Block* find(std::size_t size) const;
+
+  std::size_t count() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  // True when `block` is linked in the bin its size maps to. O(bin length);
+  // for invariant checks only.
+  bool contains(const Block* block) const;
+
+  template <typename F>
+  void for_each(F&& visit) const {
+    for (const Block* head : heads_)
+      for (const Block* b = head; b != nullptr; b = b->free_next) visit(b);
+  }
+
+ private:
+  static constexpr unsigned kSecondLevelBits = 4;
+  static constexpr unsigned kSecondLevels = 1u << kSecondLevelBits;
+  static constexpr unsigned kFirstLevels = 64;
+  // How many blocks of the request's own bin find() inspects.
+  static constexpr int kOwnBinProbe = 4;
+
+  struct Bin {
+    unsigned first = 0;
+    unsigned second = 0;
+    unsigned index() const { return first * kSecondLevels + second; }
+  };
+  // The bin a block of `size` is filed in.
+  Bin bin_of(std::size_t size) const;
+  // The lowest non-empty bin at or after `from`, or false.
+  bool next_non_empty(Bin from, Bin& out) const;
+
+  unsigned granule_shift_;
+  std::size_t count_ = 0;
+  std::uint64_t first_level_map_ = 0;
+  std::array<std::uint16_t, kFirstLevels> second_level_map_{};
+  std::array<Block*, kFirstLevels * kSecondLevels> heads_{};
+};
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_FREE_INDEX_HPP_

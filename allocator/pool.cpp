@@ -1,0 +1,273 @@
+// allocator/pool.cpp: splitting, merging and accounting of one pool; see
+// pool.hpp for the invariants.
+#include "allocator/pool.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "absl/strings/str_format.h"
+
+namespace capalloc::detail {
+
+namespace {
+constexpr std::size_t kHugeSegmentRounding = std::size_t{2} << 20;
+}  // namespace
+
+void bump(StatCounter& counter, std::int64_t delta) {
+  counter.current += delta;
+  counter.peak = std::max(counter.peak, counter.current);
+}
+
+SizePolicy SizePolicy::from(const AllocatorOptions& options) {
+  SizePolicy p;
+  p.granularity = options.round_granularity;
+  p.granule_shift = static_cast<unsigned>(std::countr_zero(options.round_granularity));
+  p.small_request_limit = options.small_request_limit;
+  p.small_segment_bytes = options.small_segment_bytes;
+  p.medium_request_limit = options.medium_request_limit;
+  p.large_segment_bytes = options.large_segment_bytes;
+  return p;
+}
+
+std::size_t SizePolicy::segment_bytes_for(std::size_t rounded) const {
+  if (rounded <= small_request_limit) return std::max(small_segment_bytes, rounded);
+  if (rounded <= medium_request_limit) return std::max(large_segment_bytes, rounded);
+  // A huge request gets a segment of its own. Callers have checked that this
+  // cannot overflow (rounded is far below SIZE_MAX).
+  return (rounded + kHugeSegmentRounding - 1) / kHugeSegmentRounding * kHugeSegmentRounding;
+}
+
+Pool::~Pool() {
+  for (auto& segment : segments_) {
+    for (Block* b = segment->first; b != nullptr;) {
+      Block* next = b->next;
+      arena_.recycle(b);
+      b = next;
+    }
+  }
+}
+
+FreeIndex& Pool::index_for(const Segment& segment) {
+  auto& slot = indexes_[IndexKey{segment.stream, segment.small}];
+  if (!slot) slot = std::make_unique<FreeIndex>(policy_.granule_shift);
+  return *slot;
+}
+
+FreeIndex* Pool::find_index(StreamHandle stream, bool small) const {
+  auto it = indexes_.find(IndexKey{stream, small});
+  return it == indexes_.end() ? nullptr : it->second.get();
+}
+
+void Pool::file_free(Block* block) {
+  block->state = BlockState::kFree;
+  index_for(*block->segment).insert(block);
+  ++stats_.free_blocks;
+  free_bytes_ += static_cast<std::int64_t>(block->size);
+}
+
+void Pool::split(Block* block, std::size_t rounded) {
+  const std::size_t remainder = block->size - rounded;
+  if (remainder < policy_.granularity) return;  // keep the slack inside the block
+  Block* rest = arena_.make();
+  rest->addr = block->addr + rounded;
+  rest->size = remainder;
+  rest->segment = block->segment;
+  rest->prev = block;
+  rest->next = block->next;
+  if (block->next != nullptr) block->next->prev = rest;
+  block->next = rest;
+  block->size = rounded;
+  file_free(rest);
+}
+
+void Pool::account_allocated(Block* block, std::size_t requested) {
+  block->state = BlockState::kAllocated;
+  block->requested = requested;
+  bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
+  bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));
+  bump(stats_.allocated_blocks, 1);
+  ++stats_.allocations;
+}
+
+Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requested) {
+  FreeIndex* index = find_index(stream, policy_.is_small(rounded));
+  if (index == nullptr) return nullptr;
+  Block* block = index->find(rounded);
+  if (block == nullptr) return nullptr;
+  index->remove(block);
+  --stats_.free_blocks;
+  free_bytes_ -= static_cast<std::int64_t>(block->size);
+  split(block, rounded);
+  account_allocated(block, requested);
+  return block;
+}
+
+Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
+                                   std::size_t rounded, std::size_t requested) {
+  auto segment = std::make_unique<Segment>();
+  segment->base = reinterpret_cast<std::uintptr_t>(base);
+  segment->size = bytes;
+  segment->device = device_;
+  segment->stream = stream;
+  segment->small = policy_.is_small(rounded);
+  segment->pool = this;
+  Block* block = arena_.make();
+  block->addr = segment->base;
+  block->size = bytes;
+  block->segment = segment.get();
+  segment->first = block;
+  segments_.push_back(std::move(segment));
+  bump(stats_.reserved_bytes, static_cast<std::int64_t>(bytes));
+  bump(stats_.segments, 1);
+  split(block, rounded);
+  account_allocated(block, requested);
+  return block;
+}
+
+void Pool::mark_pending(Block* block) {
+  bump(stats_.allocated_bytes, -static_cast<std::int64_t>(block->size));
+  bump(stats_.requested_bytes, -static_cast<std::int64_t>(block->requested));
+  bump(stats_.allocated_blocks, -1);
+  ++stats_.pending_free_blocks;
+  ++stats_.frees;
+  block->state = BlockState::kPendingFree;
+}
+
+void Pool::give_back(Block* block) {
+  if (block->state == BlockState::kAllocated) {
+    bump(stats_.allocated_bytes, -static_cast<std::int64_t>(block->size));
+    bump(stats_.requested_bytes, -static_cast<std::int64_t>(block->requested));
+    bump(stats_.allocated_blocks, -1);
+    ++stats_.frees;
+  } else {
+    --stats_.pending_free_blocks;
+  }
+  block->requested = 0;
+  block->used_on.clear();
+  block->lifetime = Lifetime::kTransient;
+  block->tag_id = 0;
+  FreeIndex& index = index_for(*block->segment);
+  // Merge with free neighbours; the survivor is the lowest-addressed block.
+  if (Block* prev = block->prev; prev != nullptr && prev->is_free()) {
+    index.remove(prev);
+    --stats_.free_blocks;
+    free_bytes_ -= static_cast<std::int64_t>(prev->size);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next != nullptr) block->next->prev = prev;
+    arena_.recycle(block);
+    block = prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->is_free()) {
+    index.remove(next);
+    --stats_.free_blocks;
+    free_bytes_ -= static_cast<std::int64_t>(next->size);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    arena_.recycle(next);
+  }
+  file_free(block);
+}
+
+void Pool::take_free_segments(std::vector<SegmentRange>& out) {
+  auto keep = segments_.begin();
+  for (auto it = segments_.begin(); it != segments_.end(); ++it) {
+    Segment& segment = **it;
+    if (!segment.fully_free()) {
+      if (keep != it) *keep = std::move(*it);
+      ++keep;
+      continue;
+    }
+    Block* block = segment.first;
+    index_for(segment).remove(block);
+    --stats_.free_blocks;
+    free_bytes_ -= static_cast<std::int64_t>(block->size);
+    arena_.recycle(block);
+    bump(stats_.reserved_bytes, -static_cast<std::int64_t>(segment.size));
+    bump(stats_.segments, -1);
+    out.push_back({reinterpret_cast<void*>(segment.base), segment.size});
+    it->reset();
+  }
+  segments_.erase(keep, segments_.end());
+}
+
+absl::Status Pool::check_invariants() const {
+  std::int64_t allocated = 0, requested = 0, reserved = 0, allocated_blocks = 0;
+  std::int64_t free_blocks = 0, pending = 0, free_bytes = 0;
+  for (const auto& segment : segments_) {
+    reserved += static_cast<std::int64_t>(segment->size);
+    std::uintptr_t expected = segment->base;
+    const Block* prev = nullptr;
+    for (const Block* b = segment->first; b != nullptr; prev = b, b = b->next) {
+      if (b->addr != expected || b->prev != prev || b->segment != segment.get()) {
+        return absl::InternalError(absl::StrFormat(
+            "segment 0x%x: block 0x%x does not continue the tiling at 0x%x", segment->base,
+            b->addr, expected));
+      }
+      if (b->size == 0 || b->size % policy_.granularity != 0) {
+        return absl::InternalError(absl::StrFormat("block 0x%x has size %d, not a granule multiple",
+                                                   b->addr, b->size));
+      }
+      expected += b->size;
+      if (b->is_free()) {
+        if (prev != nullptr && prev->is_free()) {
+          return absl::InternalError(
+              absl::StrFormat("free blocks 0x%x and 0x%x are adjacent and unmerged", prev->addr,
+                              b->addr));
+        }
+        FreeIndex* index = find_index(segment->stream, segment->small);
+        if (!b->in_free_index || index == nullptr || !index->contains(b)) {
+          return absl::InternalError(
+              absl::StrFormat("free block 0x%x is missing from its free index", b->addr));
+        }
+        ++free_blocks;
+        free_bytes += static_cast<std::int64_t>(b->size);
+      } else {
+        if (b->in_free_index) {
+          return absl::InternalError(
+              absl::StrFormat("block 0x%x is in use but filed as free", b->addr));
+        }
+        if (b->state == BlockState::kAllocated) {
+          allocated += static_cast<std::int64_t>(b->size);
+          requested += static_cast<std::int64_t>(b->requested);
+          ++allocated_blocks;
+        } else {
+          ++pending;
+        }
+      }
+    }
+    if (expected != segment->base + segment->size) {
+      return absl::InternalError(absl::StrFormat(
+          "segment 0x%x: blocks cover %d of %d bytes", segment->base, expected - segment->base,
+          segment->size));
+    }
+  }
+  std::size_t indexed = 0;
+  for (const auto& [key, index] : indexes_) indexed += index->count();
+  if (indexed != static_cast<std::size_t>(free_blocks)) {
+    return absl::InternalError(absl::StrFormat(
+        "free indexes hold %d blocks, the segments have %d free blocks", indexed, free_blocks));
+  }
+  auto mismatch = [](const char* what, std::int64_t counted, std::int64_t recomputed) {
+    return absl::InternalError(absl::StrFormat("stats: %s is %d, recomputed %d", what, counted,
+                                               recomputed));
+  };
+  if (stats_.allocated_bytes.current != allocated)
+    return mismatch("allocated_bytes", stats_.allocated_bytes.current, allocated);
+  if (stats_.requested_bytes.current != requested)
+    return mismatch("requested_bytes", stats_.requested_bytes.current, requested);
+  if (stats_.reserved_bytes.current != reserved)
+    return mismatch("reserved_bytes", stats_.reserved_bytes.current, reserved);
+  if (stats_.segments.current != static_cast<std::int64_t>(segments_.size()))
+    return mismatch("segments", stats_.segments.current, static_cast<std::int64_t>(segments_.size()));
+  if (stats_.allocated_blocks.current != allocated_blocks)
+    return mismatch("allocated_blocks", stats_.allocated_blocks.current, allocated_blocks);
+  if (stats_.free_blocks != free_blocks) return mismatch("free_blocks", stats_.free_blocks, free_blocks);
+  if (stats_.pending_free_blocks != pending)
+    return mismatch("pending_free_blocks", stats_.pending_free_blocks, pending);
+  if (free_bytes_ != free_bytes) return mismatch("cached free bytes", free_bytes_, free_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace capalloc::detail

@@ -1,0 +1,120 @@
+// allocator/pool.hpp: a pool of segments on one device and the blocks carved
+// from them.
+//
+// The pool is mechanism only: it splits free blocks to serve a request,
+// merges a freed block with its free physical neighbours, files free blocks
+// in one FreeIndex per (owning stream, size class), and keeps the pool's
+// byte and block counters. Policy (when to reserve a segment, what to do out
+// of memory, when a pending free completes) lives in the Allocator, which
+// holds the lock: a Pool is not thread-safe on its own.
+//
+// Invariants (checked by check_invariants):
+//  - each segment's blocks tile it exactly, in address order;
+//  - no two physically adjacent blocks are both free;
+//  - a block is in a FreeIndex iff it is free, in the index of its segment's
+//    (stream, size class), exactly once;
+//  - the counters equal the sums recomputed from the blocks.
+//
+// Cost: take() is O(1) (FreeIndex::find plus at most one split); give_back()
+// is O(1) (at most two merges).
+#ifndef CAPALLOC_ALLOCATOR_POOL_HPP_
+#define CAPALLOC_ALLOCATOR_POOL_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "allocator/block.hpp"
+#include "allocator/free_index.hpp"
+#include "capalloc/allocator.hpp"
+
+namespace capalloc::detail {
+
+// Which segments serve a request, and how big a new segment is.
+struct SizePolicy {
+  std::size_t granularity = 512;
+  unsigned granule_shift = 9;
+  std::size_t small_request_limit = 0;
+  std::size_t small_segment_bytes = 0;
+  std::size_t medium_request_limit = 0;
+  std::size_t large_segment_bytes = 0;
+
+  static SizePolicy from(const AllocatorOptions& options);
+  bool is_small(std::size_t rounded) const { return rounded <= small_request_limit; }
+  std::size_t segment_bytes_for(std::size_t rounded) const;
+};
+
+struct SegmentRange {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+};
+
+class Pool {
+ public:
+  Pool(int device, const SizePolicy& policy, BlockArena& arena)
+      : device_(device), policy_(policy), arena_(arena) {}
+  ~Pool();
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+
+  int device() const { return device_; }
+
+  // Serves `rounded` bytes on `stream` from a cached free block, splitting
+  // off the remainder; nullptr when no cached block fits. The block comes
+  // back allocated, with its size and accounting set.
+  Block* take(StreamHandle stream, std::size_t rounded, std::size_t requested);
+  // Adds a fresh segment owned by `stream` and serves the request from it.
+  Block* take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
+                               std::size_t rounded, std::size_t requested);
+  // Frees an allocated or pending-free block: merges and files it.
+  void give_back(Block* block);
+  // An allocated block becomes pending-free (out of the allocated counters).
+  void mark_pending(Block* block);
+
+  // Unlinks and destroys every fully free segment, appending its range to
+  // `out` for the caller to return to the runtime.
+  void take_free_segments(std::vector<SegmentRange>& out);
+
+  const std::vector<std::unique_ptr<Segment>>& segments() const { return segments_; }
+  const AllocatorStats& stats() const { return stats_; }
+  AllocatorStats& mutable_stats() { return stats_; }
+  std::int64_t cached_free_bytes() const { return free_bytes_; }
+
+  absl::Status check_invariants() const;
+
+ private:
+  struct IndexKey {
+    StreamHandle stream;
+    bool small;
+    bool operator==(const IndexKey&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const IndexKey& k) {
+      return H::combine(std::move(h), k.stream, k.small);
+    }
+  };
+  FreeIndex& index_for(const Segment& segment);
+  FreeIndex* find_index(StreamHandle stream, bool small) const;
+  // Splits `block` (free, out of the index) so that it is `rounded` bytes;
+  // the remainder is filed as a free block.
+  void split(Block* block, std::size_t rounded);
+  void account_allocated(Block* block, std::size_t requested);
+  void file_free(Block* block);
+
+  int device_;
+  SizePolicy policy_;
+  BlockArena& arena_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
+  AllocatorStats stats_;
+  std::int64_t free_bytes_ = 0;  // bytes in free blocks
+};
+
+void bump(StatCounter& counter, std::int64_t delta);
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_POOL_HPP_

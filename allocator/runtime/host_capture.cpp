@@ -1,0 +1,293 @@
+// host_capture.cpp: work submission, stream capture and graphs of the host
+// runtime (DESIGN.md §11).
+//
+// Every kind of work (kernel, memset, memcpy) becomes a GraphNode. On a
+// running stream the node is moved into one queued operation, which the
+// worker destroys as soon as it has run; on a capturing stream it is appended
+// to the capture's node list instead and does not run. end_capture freezes
+// that list into a shared, immutable graph. A replay is one queued operation
+// that holds the list by shared_ptr and runs the nodes in capture order,
+// against the addresses they were captured with: capture order is a valid
+// dependency order, since a node can only depend on work submitted before it.
+// Replays therefore do not run a capture's parallel branches concurrently.
+// An illegal call during a capture marks it invalidated, keeping the first
+// cause, which end_capture reports.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "allocator/runtime/host_runtime.hpp"
+
+namespace capalloc::detail {
+namespace {
+
+// Process-unique, as CUDA's capture ids are, across runtime instances.
+std::atomic<CaptureId> g_next_capture_id{1};
+
+}  // namespace
+
+void run_graph_node(const GraphNode& node) {
+  std::visit(
+      [](const auto& op) {
+        using Op = std::decay_t<decltype(op)>;
+        if constexpr (std::is_same_v<Op, KernelLaunch>) {
+          op.host_body();
+        } else if constexpr (std::is_same_v<Op, MemsetNode>) {
+          std::memset(op.dst, op.value, op.bytes);
+        } else {
+          std::memcpy(op.dst, op.src, op.bytes);
+        }
+      },
+      node);
+}
+
+std::string graph_node_label(const GraphNode& node) {
+  if (const auto* kernel = std::get_if<KernelLaunch>(&node)) return "kernel " + kernel->name;
+  return std::holds_alternative<MemsetNode>(node) ? "memset" : "memcpy";
+}
+
+absl::Status HostRuntime::submit(StreamHandle stream, GraphNode node) {
+  std::lock_guard lock(mu_);
+  auto st = find_stream(stream, graph_node_label(node));
+  if (!st.ok()) return st.status();
+  if (CaptureState* capture = (*st)->capture.get(); capture != nullptr) {
+    if (capture->status != CaptureStatus::kActive) return invalidated_error(*capture, stream);
+    capture->nodes.push_back(std::move(node));
+    ++capture->members[stream].own_nodes;
+    return absl::OkStatus();
+  }
+  std::string label = graph_node_label(node);
+  (*st)->worker.enqueue(StreamWorker::Operation{
+      .label = std::move(label),
+      .run = [node = std::move(node)] { run_graph_node(node); }});
+  return absl::OkStatus();
+}
+
+absl::Status HostRuntime::launch_kernel(StreamHandle stream, KernelLaunch kernel) {
+  return without_exceptions("launch_kernel", [&]() -> absl::Status {
+    if (!kernel.host_body) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "launch_kernel: kernel %s has no host body; the host runtime cannot run it",
+          kernel.name));
+    }
+    return submit(stream, GraphNode(std::move(kernel)));
+  });
+}
+
+absl::Status HostRuntime::memset_async(void* dst, int value, std::size_t bytes,
+                                       StreamHandle stream) {
+  return without_exceptions("memset_async", [&]() -> absl::Status {
+    if (dst == nullptr && bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("memset_async: null destination for %d bytes on stream %d", bytes,
+                          stream));
+    }
+    return submit(stream, MemsetNode{.dst = dst, .value = value, .bytes = bytes});
+  });
+}
+
+absl::Status HostRuntime::memcpy_async(void* dst, const void* src, std::size_t bytes,
+                                       StreamHandle stream) {
+  return without_exceptions("memcpy_async", [&]() -> absl::Status {
+    if ((dst == nullptr || src == nullptr) && bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "memcpy_async: null %s for %d bytes on stream %d",
+          dst == nullptr ? "destination" : "source", bytes, stream));
+    }
+    return submit(stream, MemcpyNode{.dst = dst, .src = src, .bytes = bytes});
+  });
+}
+
+// --- Capture -------------------------------------------------------------------
+
+absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, CaptureMode mode) {
+  return without_exceptions("begin_capture", [&]() -> absl::StatusOr<CaptureId> {
+    if (stream == kDefaultStream) {
+      return absl::InvalidArgumentError(
+          "begin_capture: the default (legacy) stream cannot be captured; capture on a "
+          "stream from create_stream");
+    }
+    std::lock_guard lock(mu_);
+    auto st = find_stream(stream, "begin_capture");
+    if (!st.ok()) return st.status();
+    if (const CaptureState* current = (*st)->capture.get(); current != nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "begin_capture: stream %d is already part of capture %d", stream, current->id));
+    }
+    auto capture = std::make_shared<CaptureState>();
+    capture->id = g_next_capture_id.fetch_add(1, std::memory_order_relaxed);
+    capture->mode = mode;
+    capture->origin = stream;
+    capture->capturing_thread = std::this_thread::get_id();
+    capture->members[stream] = CaptureMember{};
+    captures_.emplace(capture->id, capture);
+    (*st)->capture = capture;
+    return capture->id;
+  });
+}
+
+absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
+  return without_exceptions("end_capture", [&]() -> absl::StatusOr<GraphHandle> {
+    std::lock_guard lock(mu_);
+    auto st = find_stream(stream, "end_capture");
+    if (!st.ok()) return st.status();
+    const std::shared_ptr<CaptureState> capture = (*st)->capture;
+    if (capture == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("end_capture: stream %d is not capturing", stream));
+    }
+    if (capture->origin != stream) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "end_capture: stream %d joined capture %d but did not begin it; end it on its "
+          "origin stream %d",
+          stream, capture->id, capture->origin));
+    }
+
+    // Whatever the outcome, the capture is over for all of its streams.
+    for (const auto& [member, progress] : capture->members) {
+      if (auto it = streams_.find(member); it != streams_.end()) it->second->capture.reset();
+    }
+    captures_.erase(capture->id);
+
+    if (capture->status != CaptureStatus::kActive) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("end_capture: capture %d was invalidated by %s: %s", capture->id,
+                          capture->invalidated_by, capture->invalidation_reason));
+    }
+    const CaptureFrontier& joined = capture->members[stream].depends_on;
+    std::vector<std::string> unjoined;
+    for (const auto& [member, progress] : capture->members) {
+      if (member == stream) continue;
+      const auto it = joined.find(member);
+      const std::size_t joined_nodes = it == joined.end() ? 0 : it->second;
+      if (progress.own_nodes > joined_nodes) {
+        unjoined.push_back(absl::StrFormat("stream %d (%d of its %d nodes)", member,
+                                           progress.own_nodes - joined_nodes,
+                                           progress.own_nodes));
+      }
+    }
+    if (!unjoined.empty()) {
+      std::sort(unjoined.begin(), unjoined.end());
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "end_capture: capture %d is unjoined: work on %s never joined back to origin stream "
+          "%d; record an event after that work and make stream %d wait on it before "
+          "end_capture",
+          capture->id, absl::StrJoin(unjoined, ", "), stream, stream));
+    }
+
+    const GraphHandle graph = next_graph_;
+    graphs_.emplace(graph, std::make_shared<const GraphNodes>(std::move(capture->nodes)));
+    ++next_graph_;
+    return graph;
+  });
+}
+
+absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
+  return without_exceptions("capture_info", [&]() -> absl::StatusOr<CaptureInfo> {
+    std::lock_guard lock(mu_);
+    auto st = find_stream(stream, "capture_info");
+    if (!st.ok()) return st.status();
+    const CaptureState* capture = (*st)->capture.get();
+    if (capture == nullptr) return CaptureInfo{};
+    return CaptureInfo{
+        .status = capture->status, .id = capture->id, .position = capture->nodes.size()};
+  });
+}
+
+// --- Capture invalidation ------------------------------------------------------
+
+absl::Status HostRuntime::invalidate(CaptureState& capture, std::string by,
+                                     std::string_view reason) {
+  if (capture.status == CaptureStatus::kActive) {
+    capture.status = CaptureStatus::kInvalidated;
+    capture.invalidated_by = by;
+    capture.invalidation_reason = std::string(reason);
+  }
+  return absl::FailedPreconditionError(
+      absl::StrFormat("%s is illegal during stream capture (%s); capture %d is invalidated and "
+                      "its end_capture will return no graph",
+                      by, reason, capture.id));
+}
+
+absl::Status HostRuntime::invalidated_error(const CaptureState& capture, StreamHandle stream) {
+  return absl::FailedPreconditionError(
+      absl::StrFormat("stream %d is part of capture %d, which was invalidated by %s: %s; end "
+                      "the capture on stream %d",
+                      stream, capture.id, capture.invalidated_by, capture.invalidation_reason,
+                      capture.origin));
+}
+
+// --- Graphs --------------------------------------------------------------------
+
+absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
+  return without_exceptions("launch_graph", [&]() -> absl::Status {
+    std::lock_guard lock(mu_);
+    const auto found = graphs_.find(graph);
+    if (found == graphs_.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "launch_graph: graph %d not found (never created or already destroyed)", graph));
+    }
+    std::shared_ptr<const GraphNodes> nodes = found->second;
+    auto st = find_stream(stream, "launch_graph");
+    if (!st.ok()) return st.status();
+
+    if (CaptureState* capture = (*st)->capture.get(); capture != nullptr) {
+      // A graph launched into a capture becomes part of it: inline its nodes.
+      if (capture->status != CaptureStatus::kActive) return invalidated_error(*capture, stream);
+      capture->nodes.insert(capture->nodes.end(), nodes->begin(), nodes->end());
+      capture->members[stream].own_nodes += nodes->size();
+      return absl::OkStatus();
+    }
+    (*st)->worker.enqueue(StreamWorker::Operation{
+        .label = absl::StrFormat("replay of graph %d", graph),
+        .run = [nodes = std::move(nodes)] {
+          for (const GraphNode& node : *nodes) run_graph_node(node);
+        }});
+    return absl::OkStatus();
+  });
+}
+
+absl::Status HostRuntime::destroy_graph(GraphHandle graph) {
+  std::lock_guard lock(mu_);
+  // Replays in flight hold the node list; it dies with the last of them.
+  if (graphs_.erase(graph) == 1) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrFormat(
+      "destroy_graph: graph %d not found (never created or already destroyed)", graph));
+}
+
+absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle graph) {
+  return without_exceptions("graph_writes", [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
+    std::shared_ptr<const GraphNodes> nodes;
+    {
+      std::lock_guard lock(mu_);
+      const auto found = graphs_.find(graph);
+      if (found == graphs_.end()) {
+        return absl::NotFoundError(absl::StrFormat(
+            "graph_writes: graph %d not found (never created or already destroyed)", graph));
+      }
+      nodes = found->second;
+    }
+    std::vector<GraphWrite> writes;
+    for (std::size_t position = 0; position < nodes->size(); ++position) {
+      const GraphNode& node = (*nodes)[position];
+      if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
+        for (const MemorySpan& span : kernel->writes) {
+          writes.push_back(GraphWrite{.span = span, .position = position, .op = kernel->name});
+        }
+      } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
+        writes.push_back(GraphWrite{
+            .span = {fill->dst, fill->bytes}, .position = position, .op = "memset"});
+      } else if (const auto* copy = std::get_if<MemcpyNode>(&node)) {
+        writes.push_back(GraphWrite{
+            .span = {copy->dst, copy->bytes}, .position = position, .op = "memcpy"});
+      }
+    }
+    return writes;
+  });
+}
+
+}  // namespace capalloc::detail

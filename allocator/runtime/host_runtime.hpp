@@ -1,0 +1,210 @@
+// host_runtime.hpp: the host runtime, the reference model of CUDA stream,
+// event and graph-capture semantics that runs without a GPU (DESIGN.md §3,
+// §11).
+//
+// It owns the emulated devices' segments (anonymous mappings, counted against
+// a per-device limit), one StreamWorker per stream (handle 0, the default
+// stream, exists from construction), events, the captures in progress and the
+// executable graphs. Invariants:
+//   - every registry below is guarded by `mu_`; an event's generations by its
+//     own mutex; a stream's queue by its worker. Lock order: mu_, then an
+//     event's or a worker's mutex. No caller blocks (drain, event wait) while
+//     holding mu_, and workers never take mu_, so a kernel body may call back
+//     into the runtime;
+//   - a stream is either outside any capture (its work is enqueued and runs)
+//     or a member of exactly one capture not yet ended (its work is appended
+//     to that capture's node list and does not run);
+//   - a graph's node list is immutable once end_capture has built it, and is
+//     shared with replays in flight, so destroy_graph never pulls it from
+//     under a worker;
+//   - an enqueued operation holds its arguments by value and is destroyed as
+//     soon as it has run; only graphs keep recorded operations.
+#ifndef CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
+#define CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "allocator/runtime/stream_worker.hpp"
+#include "capalloc/runtime.hpp"
+
+namespace capalloc::detail {
+
+// The operations a stream runs and a graph records. Kernels are kept whole
+// (name, declared spans, body) because graph_writes reports their writes.
+struct MemsetNode {
+  void* dst = nullptr;
+  int value = 0;
+  std::size_t bytes = 0;
+};
+struct MemcpyNode {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+};
+using GraphNode = std::variant<KernelLaunch, MemsetNode, MemcpyNode>;
+using GraphNodes = std::vector<GraphNode>;
+
+// Runs one node on the calling (worker) thread. May throw whatever a kernel
+// body throws; the worker reports it.
+void run_graph_node(const GraphNode& node);
+// "kernel <name>", "memset" or "memcpy": how failures and writes name a node.
+std::string graph_node_label(const GraphNode& node);
+
+// Runs `body` (returning absl::Status or absl::StatusOr) and turns anything it
+// throws (std::bad_alloc from a container, std::system_error from a thread
+// start) into a status, so that no exception crosses the DeviceRuntime
+// interface.
+template <typename Body>
+auto without_exceptions(std::string_view call, Body&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("host runtime: out of host memory in %s", call));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrFormat("host runtime: %s failed: %s", call, e.what()));
+  }
+}
+
+// For each stream of a capture, how many of that stream's nodes are known to
+// come before some point (a vector clock). It is how end_capture tells whether
+// every joined stream's work was joined back into the origin stream, directly
+// or through other joined streams.
+using CaptureFrontier = absl::flat_hash_map<StreamHandle, std::size_t>;
+
+struct CaptureMember {
+  std::size_t own_nodes = 0;  // nodes this stream recorded into the capture
+  CaptureFrontier depends_on;  // what its next node comes after
+};
+
+struct CaptureState {
+  CaptureId id = 0;
+  CaptureMode mode = CaptureMode::kGlobal;
+  StreamHandle origin = kDefaultStream;
+  std::thread::id capturing_thread;
+  CaptureStatus status = CaptureStatus::kActive;
+  std::string invalidated_by;  // the call that invalidated it
+  std::string invalidation_reason;
+  GraphNodes nodes;  // capture order; position of a node = its index
+  absl::flat_hash_map<StreamHandle, CaptureMember> members;  // origin included
+};
+
+struct EventState {
+  explicit EventState(int dev) : device(dev) {}
+  const int device;
+  // Guarded by HostRuntime::mu_. Nonzero while the latest record was made on
+  // a capturing stream: the event then marks a point of that capture's graph.
+  CaptureId capture_id = 0;
+  CaptureFrontier capture_point;
+  // Guarded by `mu`. A record on a running stream bumps `recorded`; the
+  // marker it enqueues raises `completed` when the worker reaches it.
+  std::mutex mu;
+  std::condition_variable completed_cv;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+};
+
+struct StreamState {
+  StreamState(int dev, std::string label) : device(dev), worker(std::move(label)) {}
+  const int device;
+  StreamWorker worker;
+  std::shared_ptr<CaptureState> capture;  // guarded by HostRuntime::mu_
+};
+
+class HostRuntime final : public DeviceRuntime {
+ public:
+  // Validates the options (device_count >= 1, a nonzero limit) and starts the
+  // default stream's worker.
+  static absl::StatusOr<std::shared_ptr<HostRuntime>> create(const HostRuntimeOptions& options);
+
+  explicit HostRuntime(const HostRuntimeOptions& options);  // use create()
+  // Runs all queued work, joins every worker, unmaps every segment.
+  ~HostRuntime() override;
+
+  HostRuntime(const HostRuntime&) = delete;
+  HostRuntime& operator=(const HostRuntime&) = delete;
+
+  std::string_view name() const override { return "host"; }
+  int device_count() const override;
+  absl::StatusOr<DeviceMemoryInfo> memory_info(int device) const override;
+
+  absl::StatusOr<void*> reserve(int device, std::size_t bytes) override;
+  absl::Status release(int device, void* ptr, std::size_t bytes) override;
+  CaptureMode exchange_thread_capture_mode(CaptureMode mode) override;
+
+  absl::StatusOr<StreamHandle> create_stream(int device) override;
+  absl::Status destroy_stream(StreamHandle stream) override;
+  absl::Status synchronize_stream(StreamHandle stream) override;
+
+  absl::StatusOr<EventHandle> create_event(int device) override;
+  absl::Status destroy_event(EventHandle event) override;
+  absl::Status record_event(EventHandle event, StreamHandle stream) override;
+  absl::StatusOr<bool> query_event(EventHandle event) override;
+  absl::Status synchronize_event(EventHandle event) override;
+  absl::Status stream_wait_event(StreamHandle stream, EventHandle event) override;
+
+  absl::Status launch_kernel(StreamHandle stream, KernelLaunch kernel) override;
+  absl::Status memset_async(void* dst, int value, std::size_t bytes, StreamHandle stream) override;
+  absl::Status memcpy_async(void* dst, const void* src, std::size_t bytes,
+                            StreamHandle stream) override;
+
+  absl::StatusOr<CaptureId> begin_capture(StreamHandle stream, CaptureMode mode) override;
+  absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) override;
+  absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) override;
+  absl::Status launch_graph(GraphHandle graph, StreamHandle stream) override;
+  absl::Status destroy_graph(GraphHandle graph) override;
+  absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) override;
+
+ private:
+  struct DeviceSegments {
+    std::size_t reserved_bytes = 0;  // page-rounded, what counts against the limit
+    absl::flat_hash_map<void*, std::size_t> requested_bytes;  // by segment base
+  };
+
+  // check_device reads only constants; every other helper requires mu_ held.
+  absl::Status check_device(int device, std::string_view call) const;
+  absl::StatusOr<std::shared_ptr<StreamState>> find_stream(StreamHandle stream,
+                                                          std::string_view call) const;
+  absl::StatusOr<std::shared_ptr<EventState>> find_event(EventHandle event,
+                                                         std::string_view call) const;
+  // The capture an event marks a point of, if that capture has not ended.
+  std::shared_ptr<CaptureState> live_capture_of(const EventState& event) const;
+  // Marks the capture invalidated (keeping the first cause) and returns the
+  // error to hand back to the caller of the illegal operation.
+  absl::Status invalidate(CaptureState& capture, std::string by, std::string_view reason);
+  // The error for work submitted to a stream whose capture is invalidated.
+  static absl::Status invalidated_error(const CaptureState& capture, StreamHandle stream);
+  // Records the node into the stream's capture, or enqueues it to run.
+  absl::Status submit(StreamHandle stream, GraphNode node);
+
+  const HostRuntimeOptions options_;
+  const std::size_t page_bytes_;
+
+  mutable std::mutex mu_;
+  std::vector<DeviceSegments> devices_;
+  absl::flat_hash_map<StreamHandle, std::shared_ptr<StreamState>> streams_;
+  absl::flat_hash_map<EventHandle, std::shared_ptr<EventState>> events_;
+  absl::flat_hash_map<CaptureId, std::shared_ptr<CaptureState>> captures_;  // not yet ended
+  absl::flat_hash_map<GraphHandle, std::shared_ptr<const GraphNodes>> graphs_;
+  StreamHandle next_stream_ = 1;
+  EventHandle next_event_ = 1;
+  GraphHandle next_graph_ = 1;
+};
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_

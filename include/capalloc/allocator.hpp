@@ -1,0 +1,161 @@
+// capalloc/allocator.hpp: the pooled, stream-ordered device allocator.
+//
+// An Allocator carves blocks out of segments it reserves from a
+// DeviceRuntime. Each device has a default pool; a block belongs to the stream
+// it was allocated on and is reusable on that stream as soon as it is freed.
+// A block also used on other streams (record_stream) becomes reusable only
+// after events recorded on those streams at free time have completed; the
+// caller is never blocked for that.
+//
+// Example:
+//
+//   auto rt = capalloc::make_runtime("host").value();
+//   auto alloc = capalloc::Allocator::create(rt).value();
+//   void* p = alloc->allocate(1 << 20, /*device=*/0, stream).value();
+//   alloc->record_stream(p, other_stream).IgnoreError();
+//   alloc->deallocate(p).IgnoreError();
+//
+// Thread safety: every method may be called from any thread concurrently.
+// Errors: fallible calls return absl::Status / absl::StatusOr; a call that
+// fails changes no state. Nothing here throws.
+#ifndef CAPALLOC_ALLOCATOR_HPP_
+#define CAPALLOC_ALLOCATOR_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capalloc/export.h"
+#include "capalloc/runtime.hpp"
+
+namespace capalloc {
+
+// How long a block must live. Persistent blocks must outlive every graph
+// replay unchanged (workspaces, semaphores, caches).
+enum class Lifetime { kTransient, kPersistent };
+
+struct AllocatorOptions {
+  // Sizes round up to a multiple of this; a power of two, at least 256. Block
+  // addresses are aligned to it as well.
+  std::size_t round_granularity = 512;
+  // Requests up to this size are served from small segments.
+  std::size_t small_request_limit = std::size_t{1} << 20;
+  std::size_t small_segment_bytes = std::size_t{2} << 20;
+  // Requests up to this size share large segments of `large_segment_bytes`;
+  // bigger ones get a segment of their own (rounded to 2 MiB).
+  std::size_t medium_request_limit = std::size_t{10} << 20;
+  std::size_t large_segment_bytes = std::size_t{20} << 20;
+
+  // Reads CAPALLOC_ROUND_GRANULARITY (bytes) over the defaults; an invalid
+  // value is an error naming the variable.
+  static absl::StatusOr<AllocatorOptions> from_env();
+};
+
+// Per-call options of allocate().
+struct AllocOptions {
+  Lifetime lifetime = Lifetime::kTransient;
+  // A short label shown in stats, snapshots and findings ("kv_cache",
+  // "splitk.workspace"). Interned; empty costs nothing.
+  std::string_view tag = {};
+};
+
+// A current value and its high-water mark.
+struct StatCounter {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+};
+
+struct AllocatorStats {
+  StatCounter allocated_bytes;  // rounded sizes of live blocks
+  StatCounter requested_bytes;  // sizes callers asked for, of live blocks
+  StatCounter reserved_bytes;   // bytes of segments held from the runtime
+  StatCounter segments;
+  StatCounter allocated_blocks;
+  std::int64_t free_blocks = 0;          // cached free blocks
+  std::int64_t pending_free_blocks = 0;  // freed, waiting on other streams' events
+  std::uint64_t allocations = 0;         // successful allocate() calls
+  std::uint64_t frees = 0;               // successful deallocate() calls
+  std::uint64_t retries = 0;             // allocations retried after releasing cache
+  std::uint64_t ooms = 0;                // allocations that failed out of memory
+};
+
+enum class BlockState { kAllocated, kFree, kPendingFree };
+
+// A copy of what the allocator knows about one block.
+struct BlockInfo {
+  const void* ptr = nullptr;
+  std::size_t size = 0;       // rounded size
+  std::size_t requested = 0;  // size asked for
+  int device = 0;
+  StreamHandle stream = kDefaultStream;
+  BlockState state = BlockState::kAllocated;
+  Lifetime lifetime = Lifetime::kTransient;
+  std::string tag;
+  std::uint64_t sequence = 0;  // allocation sequence number, 1-based, per allocator
+};
+
+class CAPALLOC_API Allocator {
+ public:
+  // Creates an allocator over `runtime`. Fails on invalid options.
+  static absl::StatusOr<std::unique_ptr<Allocator>> create(
+      std::shared_ptr<DeviceRuntime> runtime, AllocatorOptions options = {});
+
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // Allocates at least `bytes` on `device` for use on `stream`. Errors:
+  // kInvalidArgument for size 0, a size that overflows rounding, or an unknown
+  // device; kResourceExhausted when the device is out of memory after the
+  // cache was released and the request retried once (the message states the
+  // request, device, reserved and allocated bytes).
+  // Cost: O(1) expected in steady state (a hash lookup, a bitmap search, at
+  // most one split); no heap allocation once the pools are warm.
+  absl::StatusOr<void*> allocate(std::size_t bytes, int device = 0,
+                                 StreamHandle stream = kDefaultStream, AllocOptions options = {});
+
+  // Frees a block returned by allocate(). `device` (if not kAnyDevice) must
+  // be the block's device. Errors: kNotFound for a pointer capalloc never
+  // returned, kFailedPrecondition for a double free, kInvalidArgument for a
+  // pointer into the middle of a block or the wrong device.
+  static constexpr int kAnyDevice = -1;
+  absl::Status deallocate(void* ptr, int device = kAnyDevice);
+
+  // Notes that the block is used on `stream` too: when freed, it becomes
+  // reusable only after the work enqueued on `stream` up to the free has run.
+  absl::Status record_stream(void* ptr, StreamHandle stream);
+
+  // Returns fully free, cached segments of `device` (or of every device for
+  // kAnyDevice) to the runtime. Pending frees whose events have completed are
+  // processed first; no caller work is waited for.
+  absl::Status empty_cache(int device = kAnyDevice);
+
+  absl::StatusOr<AllocatorStats> stats(int device) const;
+  absl::StatusOr<BlockInfo> block_info(const void* ptr) const;
+
+  // Verifies the allocator's invariants on every device: live blocks never
+  // overlap, blocks tile their segments exactly, no two free physical
+  // neighbours are left unmerged, every free block is in the free index
+  // exactly once, the pointer table holds exactly the live blocks, and the
+  // stats equal the sums recomputed from the block table. O(blocks).
+  absl::Status CheckInvariants() const;
+
+  // One paragraph: the runtime, options and per-device stats.
+  std::string describe() const;
+
+  DeviceRuntime& runtime() const;
+  const AllocatorOptions& options() const;
+
+ private:
+  struct Impl;
+  explicit Allocator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_ALLOCATOR_HPP_

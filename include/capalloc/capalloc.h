@@ -1,0 +1,102 @@
+/* capalloc/capalloc.h: the C ABI of capalloc.
+ *
+ * Every call works on one process-wide allocator, created on first use over
+ * the runtime named by CAPALLOC_RUNTIME (auto|host|cuda|hip; default auto).
+ * Calls return a capalloc_status; on failure the calling thread's last error
+ * message (capalloc_last_error) says what went wrong, and no state changed.
+ * No C++ exception crosses this boundary. All calls are thread-safe.
+ *
+ * Streams are passed as `void*`: a cudaStream_t / hipStream_t on the GPU
+ * runtimes, a handle from capalloc_stream_create on the host runtime, NULL for
+ * the default stream.
+ *
+ * Example:
+ *
+ *   void* p = NULL;
+ *   if (capalloc_malloc(&p, 1 << 20, 0, NULL) != CAPALLOC_OK)
+ *     fprintf(stderr, "%s\n", capalloc_last_error());
+ *   capalloc_free(p);
+ */
+#ifndef CAPALLOC_CAPALLOC_H_
+#define CAPALLOC_CAPALLOC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "capalloc/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum capalloc_status {
+  CAPALLOC_OK = 0,
+  CAPALLOC_ERROR_INVALID_ARGUMENT = 1,
+  CAPALLOC_ERROR_OUT_OF_MEMORY = 2,
+  CAPALLOC_ERROR_NOT_FOUND = 3,
+  CAPALLOC_ERROR_FAILED_PRECONDITION = 4,
+  CAPALLOC_ERROR_UNAVAILABLE = 5,
+  CAPALLOC_ERROR_INTERNAL = 6
+} capalloc_status;
+
+typedef struct capalloc_stats {
+  int64_t allocated_bytes;
+  int64_t allocated_bytes_peak;
+  int64_t requested_bytes;
+  int64_t requested_bytes_peak;
+  int64_t reserved_bytes;
+  int64_t reserved_bytes_peak;
+  int64_t segments;
+  int64_t allocated_blocks;
+  int64_t free_blocks;
+  int64_t pending_free_blocks;
+  uint64_t allocations;
+  uint64_t frees;
+  uint64_t retries;
+  uint64_t ooms;
+} capalloc_stats;
+
+/* The calling thread's message for its last failed call ("" if none). The
+ * pointer stays valid until the thread's next capalloc call. */
+CAPALLOC_API const char* capalloc_last_error(void);
+
+/* The runtime the process-wide allocator uses ("host", "cuda", "hip"); NULL
+ * and a last error if it could not be created. */
+CAPALLOC_API const char* capalloc_runtime_name(void);
+
+/* Allocates `size` bytes (> 0) on `device` for use on `stream`. */
+CAPALLOC_API capalloc_status capalloc_malloc(void** out, size_t size, int device, void* stream);
+
+/* Frees a block from capalloc_malloc. NULL is an error (not a no-op): a C
+ * caller passing NULL has lost a pointer. */
+CAPALLOC_API capalloc_status capalloc_free(void* ptr);
+
+/* The block is used on `stream` as well; see Allocator::record_stream. */
+CAPALLOC_API capalloc_status capalloc_record_stream(void* ptr, void* stream);
+
+/* Returns cached free segments of `device` (-1: all devices). */
+CAPALLOC_API capalloc_status capalloc_empty_cache(int device);
+
+CAPALLOC_API capalloc_status capalloc_get_stats(int device, capalloc_stats* out);
+
+/* Verifies the allocator's invariants (see Allocator::CheckInvariants). */
+CAPALLOC_API capalloc_status capalloc_check_invariants(void);
+
+/* Streams of the process-wide runtime, for hosts without a native stream
+ * API (the host runtime). */
+CAPALLOC_API capalloc_status capalloc_stream_create(int device, void** out);
+CAPALLOC_API capalloc_status capalloc_stream_destroy(void* stream);
+CAPALLOC_API capalloc_status capalloc_stream_synchronize(void* stream);
+
+/* PyTorch's CUDAPluggableAllocator entry points, with exactly its C++
+ * signatures. capalloc_torch_malloc returns NULL for size 0 (PyTorch's
+ * convention for empty tensors) and on failure, logging the error;
+ * capalloc_torch_free ignores NULL. */
+CAPALLOC_API void* capalloc_torch_malloc(size_t size, int device, void* stream);
+CAPALLOC_API void capalloc_torch_free(void* ptr, size_t size, int device, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CAPALLOC_CAPALLOC_H_ */

@@ -1,0 +1,205 @@
+// capalloc/runtime.hpp: the one seam between capalloc and a device.
+//
+// `DeviceRuntime` is everything the allocator and the capture tracker know of
+// a device: segments of device memory, streams, events, stream capture into
+// graphs, graph replay, kernel launches and copies. Three implementations
+// exist: `host` (always built; device memory is host memory and each stream is
+// a worker thread, the reference model of CUDA graph semantics), `cuda` and
+// `hip` (built when their toolkits are found).
+//
+// Example:
+//
+//   auto rt = capalloc::make_runtime("host").value();
+//   auto s = rt->create_stream(0).value();
+//   void* seg = rt->reserve(0, 2 << 20).value();
+//   capalloc::KernelLaunch k{.name = "fill", .writes = {{seg, 64}},
+//                            .host_body = [seg] { std::memset(seg, 1, 64); }};
+//   rt->launch_kernel(s, k).IgnoreError();
+//   rt->synchronize_stream(s).IgnoreError();
+//
+// Errors come back as absl::Status values; no implementation throws across
+// this interface. Every method is thread-safe unless its comment says
+// otherwise. Handles are plain integers so that a native handle handed in by
+// a host application (a cudaStream_t) needs no registration step.
+#ifndef CAPALLOC_RUNTIME_HPP_
+#define CAPALLOC_RUNTIME_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capalloc/export.h"
+
+namespace capalloc {
+
+// A stream. 0 is the default (legacy) stream; other values are opaque
+// handles, for the cuda/hip runtimes the native cudaStream_t/hipStream_t.
+using StreamHandle = std::uintptr_t;
+inline constexpr StreamHandle kDefaultStream = 0;
+
+// An event (native cudaEvent_t/hipEvent_t on GPU runtimes).
+using EventHandle = std::uintptr_t;
+
+// An executable graph produced by end_capture.
+using GraphHandle = std::uint64_t;
+
+// Unique within the process, as CUDA's capture ids are. 0 means "none".
+using CaptureId = std::uint64_t;
+
+// A byte range of device memory.
+struct MemorySpan {
+  const void* ptr = nullptr;
+  std::size_t bytes = 0;
+
+  std::uintptr_t begin() const { return reinterpret_cast<std::uintptr_t>(ptr); }
+  std::uintptr_t end() const { return begin() + bytes; }
+  bool overlaps(const MemorySpan& o) const {
+    return bytes != 0 && o.bytes != 0 && begin() < o.end() && o.begin() < end();
+  }
+};
+
+enum class CaptureStatus { kNone, kActive, kInvalidated };
+
+// CUDA's stream capture modes. In kGlobal mode an unsafe call (a plain device
+// allocation) from any thread invalidates the capture; kThreadLocal only from
+// the capturing thread; kRelaxed never. The allocator reserves segments with
+// the calling thread switched to kRelaxed, as PyTorch does.
+enum class CaptureMode { kGlobal, kThreadLocal, kRelaxed };
+
+struct CaptureInfo {
+  CaptureStatus status = CaptureStatus::kNone;
+  CaptureId id = 0;
+  // Number of operations (graph nodes) recorded into the capture so far: the
+  // capture position of whatever the caller does next.
+  std::size_t position = 0;
+};
+
+// How a write in a graph is known.
+enum class WriteEvidence {
+  kDeclared,   // the kernel's launch named the span it writes; memset/memcpy
+               // destinations are declared by construction
+  kInspected,  // read back from a graph node's parameters (cuda runtime)
+  kFootprint,  // inferred from what was allocated during the capture
+};
+
+// One write of a graph: the span, the node that makes it and its position.
+struct GraphWrite {
+  MemorySpan span;
+  std::size_t position = 0;  // node index in capture order
+  std::string op;            // kernel name, "memset" or "memcpy"
+  WriteEvidence evidence = WriteEvidence::kDeclared;
+};
+
+// A kernel launch. The host runtime runs `host_body` on the stream's worker;
+// GPU runtimes call `device_body` with the native stream so that the caller
+// enqueues its own kernel there. `reads` and `writes` declare the spans the
+// kernel touches: the host runtime records them into graphs as declared
+// writes; GPU runtimes keep them as declared evidence too.
+//
+// The runtime keeps the KernelLaunch (by value) until the operation has run;
+// a graph keeps it until the graph is destroyed, exactly as CUDA keeps
+// kernel arguments by value.
+struct KernelLaunch {
+  std::string name;
+  std::vector<MemorySpan> reads;
+  std::vector<MemorySpan> writes;
+  std::function<void()> host_body;
+  std::function<absl::Status(void* native_stream)> device_body;
+};
+
+struct DeviceMemoryInfo {
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+};
+
+class CAPALLOC_API DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+
+  // "host", "cuda" or "hip".
+  virtual std::string_view name() const = 0;
+  virtual int device_count() const = 0;
+  virtual absl::StatusOr<DeviceMemoryInfo> memory_info(int device) const = 0;
+
+  // --- Segments -------------------------------------------------------------
+  // Reserves `bytes` of device memory on `device`, aligned to at least 4 KiB.
+  // Fails with kResourceExhausted when the device cannot supply it. During a
+  // kGlobal-mode capture, a reservation from a thread not in kRelaxed mode
+  // invalidates the capture (as cudaMalloc does).
+  virtual absl::StatusOr<void*> reserve(int device, std::size_t bytes) = 0;
+  // Returns a segment obtained from reserve(), with the same size.
+  virtual absl::Status release(int device, void* ptr, std::size_t bytes) = 0;
+  // Sets the calling thread's capture-interaction mode; returns the old one.
+  virtual CaptureMode exchange_thread_capture_mode(CaptureMode mode) = 0;
+
+  // --- Streams and events ---------------------------------------------------
+  virtual absl::StatusOr<StreamHandle> create_stream(int device) = 0;
+  // Waits for the stream's work, then destroys it.
+  virtual absl::Status destroy_stream(StreamHandle stream) = 0;
+  // Blocks until all work enqueued on the stream has run. Illegal while the
+  // stream is capturing: invalidates the capture and returns an error.
+  virtual absl::Status synchronize_stream(StreamHandle stream) = 0;
+
+  virtual absl::StatusOr<EventHandle> create_event(int device) = 0;
+  virtual absl::Status destroy_event(EventHandle event) = 0;
+  // Marks the current end of `stream`'s queue. On a capturing stream the
+  // event marks a point of the graph instead (used to fork and join streams).
+  virtual absl::Status record_event(EventHandle event, StreamHandle stream) = 0;
+  // True when the work marked by the event's latest record has run (true for
+  // an event never recorded). Illegal for an event recorded during a capture
+  // that is still active: invalidates it and returns an error.
+  virtual absl::StatusOr<bool> query_event(EventHandle event) = 0;
+  virtual absl::Status synchronize_event(EventHandle event) = 0;
+  // Makes later work on `stream` wait for the event. If the event was recorded
+  // on a capturing stream, `stream` joins that capture.
+  virtual absl::Status stream_wait_event(StreamHandle stream, EventHandle event) = 0;
+
+  // --- Work -----------------------------------------------------------------
+  virtual absl::Status launch_kernel(StreamHandle stream, KernelLaunch kernel) = 0;
+  virtual absl::Status memset_async(void* dst, int value, std::size_t bytes,
+                                    StreamHandle stream) = 0;
+  // Copies between any two of device and host memory.
+  virtual absl::Status memcpy_async(void* dst, const void* src, std::size_t bytes,
+                                    StreamHandle stream) = 0;
+
+  // --- Capture and graphs ---------------------------------------------------
+  virtual absl::StatusOr<CaptureId> begin_capture(StreamHandle stream, CaptureMode mode) = 0;
+  // Ends the capture begun on `stream` and returns an executable graph. Fails
+  // (and returns no graph) if the capture was invalidated or a joined stream
+  // did not join back to the origin stream.
+  virtual absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) = 0;
+  virtual absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) = 0;
+  // Enqueues one replay of the graph on `stream`: its operations in capture
+  // order, against the addresses they were captured with.
+  virtual absl::Status launch_graph(GraphHandle graph, StreamHandle stream) = 0;
+  virtual absl::Status destroy_graph(GraphHandle graph) = 0;
+  // The writes the graph's replays make, as far as this runtime can tell.
+  virtual absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) = 0;
+};
+
+// Options of the host runtime.
+struct HostRuntimeOptions {
+  int device_count = 1;
+  // Bytes each emulated device can reserve in all; reservations beyond it fail
+  // with kResourceExhausted. Memory is mapped lazily, so a large limit costs
+  // nothing until it is used.
+  std::size_t memory_limit_per_device = std::size_t{16} << 30;
+};
+
+CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(
+    const HostRuntimeOptions& options = {});
+
+// Creates a runtime by name: "host", "cuda", "hip" or "auto" (a GPU runtime
+// when a device is present, else host, with one log line saying so). Names a
+// runtime that is not built into this library: kUnavailable.
+CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_runtime(std::string_view kind);
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_RUNTIME_HPP_

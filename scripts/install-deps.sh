@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs the Debian packages capalloc needs to build and test, and nothing
+# else. Idempotent: packages already installed are left alone, and `apt-get
+# update` runs only when something is missing. Works as root or through sudo.
+#
+# Usage: bash scripts/install-deps.sh
+#
+# Both README set-up commands (scripts/demo.sh and scripts/test.sh) call this
+# script first, so a fresh Debian 12 machine needs nothing else.
+set -euo pipefail
+
+# Required: the toolchain and the libraries found by CMake's find_package.
+REQUIRED_PACKAGES=(
+  build-essential
+  cmake
+  git
+  libabsl-dev
+  libspdlog-dev
+  libfmt-dev
+  catch2
+  pkg-config
+  python3
+)
+
+# Optional: GPU toolchains. Empty for now. The hip runtime (a later issue)
+# adds `hipcc libamdhip64-dev` here; CMake builds the GPU runtimes only when
+# it finds their toolkits (CAPALLOC_WITH_HIP / CAPALLOC_WITH_CUDA = AUTO).
+OPTIONAL_PACKAGES=()
+
+is_installed() {
+  # dpkg-query prints "install ok installed" for a fully installed package.
+  [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
+
+if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
+  echo "install-deps: this script needs a Debian-like system (dpkg-query, apt-get)." >&2
+  echo "install-deps: install by other means: ${REQUIRED_PACKAGES[*]}" >&2
+  exit 1
+fi
+
+missing=()
+for pkg in "${REQUIRED_PACKAGES[@]}" "${OPTIONAL_PACKAGES[@]}"; do
+  is_installed "$pkg" || missing+=("$pkg")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all packages present."
+  exit 0
+fi
+
+SUDO=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO=(sudo)
+  else
+    echo "install-deps: missing packages (${missing[*]}) and not root, and sudo is not available." >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,213 @@
+// Stream-ordered reuse on the host runtime: a block used on another stream
+// (record_stream) is not handed out again until the work enqueued on that
+// stream before the free has run. Proven with a kernel that keeps checking a
+// cookie in the block while the host frees and reallocates.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "test_support.hpp"
+
+using namespace capalloc;
+using capalloc::testing::host_runtime;
+using capalloc::testing::make_allocator;
+
+namespace {
+
+constexpr std::size_t kBlock = std::size_t{1} << 20;
+constexpr std::uint64_t kCookie = 0xC0FFEE;
+
+// A kernel on `stream` that reads the cookie in `p` until `stop` is set
+// (or 2 s pass), counting the reads that found it damaged.
+struct CookieReader {
+  std::promise<void> started;
+  std::atomic<bool> stop{false};
+  std::atomic<int> damaged_reads{0};
+  std::atomic<bool> finished{false};
+
+  KernelLaunch kernel(void* p) {
+    KernelLaunch k;
+    k.name = "cookie_reader";
+    k.reads = {{p, kBlock}};
+    k.host_body = [this, p] {
+      started.set_value();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (!stop.load() && std::chrono::steady_clock::now() < deadline) {
+        if (!capalloc::testing::cookie_intact(p, 256, kCookie)) ++damaged_reads;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      finished.store(true);
+    };
+    return k;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("record_stream: a block still read on stream B is not reused until B's kernel is done",
+          "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(0);
+
+  void* p = *alloc->allocate(kBlock, 0, a);
+  capalloc::testing::write_cookie(p, 256, kCookie);
+  CookieReader reader;
+  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
+  reader.started.get_future().wait();
+
+  REQUIRE_OK(alloc->record_stream(p, b));
+  REQUIRE_OK(alloc->deallocate(p));
+  CHECK(alloc->block_info(p)->state == BlockState::kPendingFree);
+  CHECK(alloc->stats(0)->pending_free_blocks == 1);
+
+  // While the reader runs, same-size requests on the owning stream get other
+  // memory, and scribbling over it does not reach the reader's block.
+  std::vector<void*> others;
+  for (int i = 0; i < 8; ++i) {
+    void* q = *alloc->allocate(kBlock, 0, a);
+    CHECK(q != p);
+    std::memset(q, 0x5A, kBlock);
+    others.push_back(q);
+  }
+  reader.stop.store(true);
+  REQUIRE_OK(rt->synchronize_stream(b));
+  CHECK(reader.finished.load());
+  CHECK(reader.damaged_reads.load() == 0);
+
+  // Once B has passed the event, the block is free again and is reused.
+  for (void* q : others) REQUIRE_OK(alloc->deallocate(q));
+  void* again = *alloc->allocate(kBlock, 0, a);
+  CHECK(alloc->stats(0)->pending_free_blocks == 0);
+  CHECK(alloc->block_info(p)->state != BlockState::kPendingFree);
+  REQUIRE_OK(alloc->deallocate(again));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
+
+TEST_CASE("record_stream: without it the hazard is real (the cookie test can see it)",
+          "[streams]") {
+  // The control arm: the same kernel, but the host forgets record_stream.
+  // The allocator then hands the block back at once on the owning stream and
+  // the reader sees the new owner's data. This shows the test above would
+  // catch a reuse that ignored stream B.
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(0);
+  void* p = *alloc->allocate(kBlock, 0, a);
+  capalloc::testing::write_cookie(p, 256, kCookie);
+  CookieReader reader;
+  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
+  reader.started.get_future().wait();
+  REQUIRE_OK(alloc->deallocate(p));
+  void* q = *alloc->allocate(kBlock, 0, a);
+  CHECK(q == p);  // reused at once: same stream, no recorded use elsewhere
+  std::memset(q, 0x5A, kBlock);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  reader.stop.store(true);
+  REQUIRE_OK(rt->synchronize_stream(b));
+  CHECK(reader.damaged_reads.load() > 0);
+  REQUIRE_OK(alloc->deallocate(q));
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
+
+TEST_CASE("a block freed on one stream is not handed to another stream", "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(0);
+  void* p = *alloc->allocate(4096, 0, a);
+  REQUIRE_OK(alloc->deallocate(p));
+  void* q = *alloc->allocate(4096, 0, b);
+  CHECK(q != p);
+  CHECK(alloc->block_info(q)->stream == b);
+  void* r = *alloc->allocate(4096, 0, a);
+  CHECK(r == p);
+  REQUIRE_OK(alloc->deallocate(q));
+  REQUIRE_OK(alloc->deallocate(r));
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("pending frees hold their segment until the event completes; empty_cache never waits",
+          "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(0);
+  void* p = *alloc->allocate(kBlock, 0, a);
+  std::promise<void> release_kernel;
+  auto gate = release_kernel.get_future().share();
+  KernelLaunch hold;
+  hold.name = "hold";
+  hold.reads = {{p, kBlock}};
+  hold.host_body = [gate] { gate.wait(); };
+  REQUIRE_OK(rt->launch_kernel(b, hold));
+  REQUIRE_OK(alloc->record_stream(p, b));
+  REQUIRE_OK(alloc->deallocate(p));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_OK(alloc->empty_cache(0));  // must not block on stream b
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  CHECK(alloc->stats(0)->segments.current == 1);
+  CHECK(alloc->stats(0)->pending_free_blocks == 1);
+
+  release_kernel.set_value();
+  REQUIRE_OK(rt->synchronize_stream(b));
+  REQUIRE_OK(alloc->empty_cache(0));
+  CHECK(alloc->stats(0)->segments.current == 0);
+  CHECK(alloc->stats(0)->pending_free_blocks == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
+
+TEST_CASE("out of memory: cached segments are released and the request retried once",
+          "[oom]") {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  auto rt = host_runtime(64 * kMiB);
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(0);
+
+  // Three 20 MiB segments cached on stream a: 60 of the 64 MiB.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(*alloc->allocate(20 * kMiB, 0, a));
+  for (void* p : blocks) REQUIRE_OK(alloc->deallocate(p));
+  CHECK(alloc->stats(0)->reserved_bytes.current == 60 * kMiB);
+
+  // Stream b cannot use a's cache and the device has no room for a fourth
+  // segment: the allocator releases a's cached segments and retries.
+  auto q = alloc->allocate(20 * kMiB, 0, b);
+  REQUIRE_OK(q);
+  auto stats = *alloc->stats(0);
+  CHECK(stats.retries == 1);
+  CHECK(stats.ooms == 0);
+  CHECK(stats.reserved_bytes.current == 20 * kMiB);
+  REQUIRE_OK(alloc->CheckInvariants());
+
+  // Where it does not fit even then: a clear error, and nothing changed.
+  std::vector<void*> held = {*q};
+  for (int i = 0; i < 2; ++i) held.push_back(*alloc->allocate(20 * kMiB, 0, b));
+  const auto before = *alloc->stats(0);
+  auto fail = alloc->allocate(20 * kMiB, 0, b);
+  REQUIRE_FALSE(fail.ok());
+  CHECK(fail.status().code() == absl::StatusCode::kResourceExhausted);
+  const std::string message(fail.status().message());
+  CHECK_THAT(message, Catch::Contains("requested 20.00 MiB"));
+  CHECK_THAT(message, Catch::Contains("device 0"));
+  CHECK_THAT(message, Catch::Contains("60.00 MiB reserved"));
+  CHECK_THAT(message, Catch::Contains("60.00 MiB allocated"));
+  const auto after = *alloc->stats(0);
+  CHECK(capalloc::testing::same_state(before, after));
+  CHECK(after.ooms == 1);
+  CHECK(after.retries == 2);
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (void* p : held) REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}

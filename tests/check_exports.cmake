@@ -1,0 +1,18 @@
+# Checks the dynamic symbol table of libcapalloc.so (run by CTest).
+execute_process(COMMAND nm -D --defined-only ${LIBRARY} OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm -D failed on ${LIBRARY}")
+endif()
+foreach(required capalloc_torch_malloc capalloc_torch_free capalloc_malloc capalloc_free
+        capalloc_last_error)
+  if(NOT symbols MATCHES " T ${required}\n")
+    message(FATAL_ERROR "${required} is not exported by ${LIBRARY}")
+  endif()
+endforeach()
+# Internal classes live in capalloc::detail and stay hidden (their mangled
+# names contain "8capalloc6detail").
+if(symbols MATCHES "8capalloc6detail")
+  string(REGEX MATCHALL "[^\n]*8capalloc6detail[^\n]*" leaked "${symbols}")
+  message(FATAL_ERROR "internal symbols are exported:\n${leaked}")
+endif()
+message(STATUS "exports ok: capalloc_torch_malloc, capalloc_torch_free and the C ABI")

@@ -1,0 +1,92 @@
+# The consumer_find_package test, run with `cmake -P`:
+#   1. installs the capalloc build tree BUILD_DIR into a scratch prefix,
+#   2. configures tests/consumer against that prefix (CMAKE_PREFIX_PATH only),
+#      and checks that capalloc was found there and nowhere else,
+#   3. builds it, and 4. runs both consumer programs with CAPALLOC_RUNTIME=host.
+# Any failing step fails the test.
+#
+# Inputs (-D): BUILD_DIR, SOURCE_DIR (tests/consumer), WORK_DIR, CXX_COMPILER,
+# C_COMPILER, BUILD_TYPE, GENERATOR, SANITIZE (CAPALLOC_SANITIZE of the build).
+cmake_minimum_required(VERSION 3.25)
+
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR CXX_COMPILER C_COMPILER)
+  if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
+    message(FATAL_ERROR "run_consumer_test.cmake: -D${var}=... is required")
+  endif()
+endforeach()
+# --config only where the build has one (multi-config generators, or a
+# single-config build with CMAKE_BUILD_TYPE set).
+set(config_args)
+set(consumer_type RelWithDebInfo)
+if(BUILD_TYPE)
+  set(config_args --config "${BUILD_TYPE}")
+  set(consumer_type "${BUILD_TYPE}")
+endif()
+
+set(prefix "${WORK_DIR}/prefix")
+set(consumer_build "${WORK_DIR}/build")
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+
+function(run_step name)
+  message(STATUS "consumer_find_package: ${name}")
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer_find_package: step '${name}' failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+# 1. Install.
+run_step("install into ${prefix}"
+  "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}" ${config_args})
+
+# 2. Configure. A sanitized libcapalloc needs sanitized programs (the
+# sanitizer runtime must come first), so the consumer gets the same flags.
+set(flag_args)
+if(SANITIZE)
+  set(san "-fsanitize=${SANITIZE} -fno-omit-frame-pointer")
+  list(APPEND flag_args "-DCMAKE_C_FLAGS=${san}" "-DCMAKE_CXX_FLAGS=${san}"
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=${SANITIZE}")
+endif()
+set(generator_args)
+if(GENERATOR)
+  set(generator_args -G "${GENERATOR}")
+endif()
+run_step("configure tests/consumer"
+  "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${consumer_build}" ${generator_args}
+  "-DCMAKE_PREFIX_PATH=${prefix}"
+  "-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF"
+  "-DCMAKE_BUILD_TYPE=${consumer_type}"
+  "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
+  "-DCMAKE_C_COMPILER=${C_COMPILER}"
+  ${flag_args})
+
+# The package must come from the scratch prefix, not from the build tree or
+# a system install.
+file(STRINGS "${consumer_build}/CMakeCache.txt" found_dir REGEX "^capalloc_DIR:")
+string(REGEX REPLACE "^capalloc_DIR:[A-Z]+=" "" found_dir "${found_dir}")
+file(REAL_PATH "${prefix}" real_prefix)
+if(EXISTS "${found_dir}")
+  file(REAL_PATH "${found_dir}" found_dir)
+endif()
+string(FIND "${found_dir}" "${real_prefix}/" at)
+if(NOT at EQUAL 0)
+  message(FATAL_ERROR
+    "consumer_find_package: capalloc was found in '${found_dir}', not under '${real_prefix}'")
+endif()
+
+# 3. Build.
+run_step("build tests/consumer"
+  "${CMAKE_COMMAND}" --build "${consumer_build}" ${config_args})
+
+# 4. Run. Single-config generators put the programs at the top of the build
+# tree, multi-config ones in a per-config folder.
+set(ENV{CAPALLOC_RUNTIME} host)
+foreach(program consumer_cpp consumer_c)
+  set(exe "${consumer_build}/${program}")
+  if(NOT EXISTS "${exe}")
+    set(exe "${consumer_build}/${consumer_type}/${program}")
+  endif()
+  run_step("run ${program}" "${exe}")
+endforeach()
+message(STATUS "consumer_find_package: passed")
