@@ -192,6 +192,10 @@ TEST_CASE("a stream runs its work in FIFO order", "[host]") {
   REQUIRE(rt->memcpy_async(mem + 16, mem, 16, s).ok());  // sees the memset before it
   REQUIRE(rt->memset_async(mem, 2, 8, s).ok());
   REQUIRE(rt->synchronize_stream(s).ok());
+  // The default stream is a stream like any other.
+  REQUIRE(rt->memset_async(mem + 32, 5, 4, capalloc::kDefaultStream).ok());
+  REQUIRE(rt->synchronize_stream(capalloc::kDefaultStream).ok());
+  CHECK(mem[35] == 5);
 
   std::vector<int> expected(100);
   for (int i = 0; i < 100; ++i) expected[i] = i;
@@ -370,6 +374,60 @@ TEST_CASE("a side stream forks from and joins back into a capture", "[host][capt
   REQUIRE(rt->launch_graph(*graph, origin).ok());
   REQUIRE(rt->synchronize_stream(origin).ok());
   CHECK(order == std::vector<std::string>{"A", "B", "C"});
+}
+
+TEST_CASE("a stream joins back through another joined stream", "[host][capture]") {
+  auto rt = make_runtime_or_fail();
+  const StreamHandle origin = make_stream(*rt);
+  const StreamHandle side = make_stream(*rt);
+  const StreamHandle leaf = make_stream(*rt);
+  auto fork = rt->create_event(0);
+  auto leaf_done = rt->create_event(0);
+  auto side_done = rt->create_event(0);
+  REQUIRE((fork.ok() && leaf_done.ok() && side_done.ok()));
+  std::atomic<int> runs{0};
+  auto count = [&runs] { return body_kernel("count", [&runs] { ++runs; }); };
+
+  REQUIRE(rt->begin_capture(origin, CaptureMode::kGlobal).ok());
+  REQUIRE(rt->record_event(*fork, origin).ok());
+  REQUIRE(rt->stream_wait_event(side, *fork).ok());
+  REQUIRE(rt->record_event(*fork, side).ok());  // the leaf forks from the side stream
+  REQUIRE(rt->stream_wait_event(leaf, *fork).ok());
+  REQUIRE(rt->launch_kernel(leaf, count()).ok());
+  REQUIRE(rt->launch_kernel(side, count()).ok());
+  REQUIRE(rt->record_event(*leaf_done, leaf).ok());
+  REQUIRE(rt->stream_wait_event(side, *leaf_done).ok());
+  REQUIRE(rt->record_event(*side_done, side).ok());
+  REQUIRE(rt->stream_wait_event(origin, *side_done).ok());  // covers the leaf too
+  auto graph = rt->end_capture(origin);
+  REQUIRE(graph.ok());
+  REQUIRE(rt->launch_graph(*graph, origin).ok());
+  REQUIRE(rt->synchronize_stream(origin).ok());
+  CHECK(runs == 2);
+}
+
+TEST_CASE("a capturing stream may only wait on events of its own capture", "[host][capture]") {
+  auto rt = make_runtime_or_fail();
+  const StreamHandle s = make_stream(*rt);
+  const StreamHandle other = make_stream(*rt);
+  auto plain = rt->create_event(0);
+  auto foreign = rt->create_event(0);
+  REQUIRE((plain.ok() && foreign.ok()));
+  REQUIRE(rt->record_event(*plain, other).ok());
+
+  SECTION("an event recorded outside any capture") {
+    REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+    CHECK_CODE(rt->stream_wait_event(s, *plain), Code::kFailedPrecondition);
+    CHECK_CODE(rt->end_capture(s).status(), Code::kFailedPrecondition);
+  }
+  SECTION("an event of another capture") {
+    REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+    REQUIRE(rt->begin_capture(other, CaptureMode::kGlobal).ok());
+    REQUIRE(rt->record_event(*foreign, other).ok());
+    CHECK_CODE(rt->stream_wait_event(s, *foreign), Code::kFailedPrecondition);
+    CHECK_CODE(rt->end_capture(s).status(), Code::kFailedPrecondition);
+    CHECK_CODE(rt->end_capture(other).status(), Code::kFailedPrecondition);
+  }
 }
 
 TEST_CASE("a side stream that never joins back makes end_capture fail", "[host][capture]") {

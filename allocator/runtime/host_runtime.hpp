@@ -175,7 +175,8 @@ class HostRuntime final : public DeviceRuntime {
     absl::flat_hash_map<void*, std::size_t> requested_bytes;  // by segment base
   };
 
-  // check_device reads only constants; every other helper requires mu_ held.
+  // check_device reads only constants and submit takes mu_ itself; every
+  // other helper requires mu_ held.
   absl::Status check_device(int device, std::string_view call) const;
   absl::StatusOr<std::shared_ptr<StreamState>> find_stream(StreamHandle stream,
                                                           std::string_view call) const;
