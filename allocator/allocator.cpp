@@ -1,24 +1,13 @@
-// allocator/allocator.cpp: the Allocator's policy over its pools.
+// allocator/allocator.cpp: allocation, free, record_stream and stats; see
+// allocator_impl.hpp for the state and its invariants.
 //
-// One mutex guards everything (as PyTorch's per-device allocator does per
-// device); runtime calls made under it never call back into the allocator.
-//
-// What this file owns:
-//  - the pointer table: every allocated block by address (pending-free
-//    blocks are not in it; a second free of them is a double free);
-//  - the segment map per device, ordered by address, to diagnose pointers
-//    capalloc did not hand out and pointers into the middle of a block;
-//  - pending frees: a block used on other streams is freed only when events
-//    recorded on those streams at free time have completed. They are polled
-//    (never waited for) on each allocation while any are pending;
-//  - the out-of-memory policy: release cached segments, retry once, then
-//    fail with the request, the device and its reserved/allocated bytes.
-//
-// Hot path cost (steady state, no pending frees): allocate = lock, one hash
-// lookup for the stream's free index, FreeIndex::find (two bit scans), at
-// most one split, one hash insert; deallocate = lock, one hash find+erase, at
-// most two merges, one FreeIndex::insert. No heap allocation once the block
-// arena and the pointer table have grown to the working set.
+// Hot path cost (steady state, no capture, no pending frees): allocate = one
+// virtual any_capture_active (an atomic load on the host runtime), the lock,
+// one hash lookup for the stream's free index, FreeIndex::find (two bit
+// scans), at most one split, one hash insert; deallocate = the lock, one hash
+// find+erase, at most two merges, one FreeIndex::insert. No heap allocation
+// once the block arena and the pointer table have grown to the working set,
+// and no listener call, log line or capture bookkeeping outside captures.
 #include <algorithm>
 #include <bit>
 #include <limits>
@@ -26,101 +15,47 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/btree_map.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/block.hpp"
+#include "allocator/allocator_impl.hpp"
 #include "allocator/format.hpp"
 #include "allocator/log.hpp"
-#include "allocator/pool.hpp"
-#include "capalloc/allocator.hpp"
 
 namespace capalloc {
 
 using detail::Block;
 using detail::Pool;
-using detail::Segment;
 
-namespace {
+namespace detail {
 
-// Interned block tags: id 0 is the empty tag.
-class TagTable {
- public:
-  std::uint32_t intern(std::string_view tag) {
-    if (tag.empty()) return 0;
-    // Debian's Abseil has its own string_view type, hence the conversion.
-    auto it = ids_.find(absl::string_view(tag.data(), tag.size()));
-    if (it != ids_.end()) return it->second;
-    names_.emplace_back(tag);
-    const auto id = static_cast<std::uint32_t>(names_.size());
-    ids_.emplace(names_.back(), id);
-    return id;
-  }
-  std::string name(std::uint32_t id) const { return id == 0 ? std::string() : names_[id - 1]; }
+std::uint32_t TagTable::intern(std::string_view tag) {
+  if (tag.empty()) return 0;
+  // Debian's Abseil has its own string_view type, hence the conversion.
+  const absl::string_view key(tag.data(), tag.size());
+  if (auto it = ids_.find(key); it != ids_.end()) return it->second;
+  names_.emplace_back(tag);
+  const auto id = static_cast<std::uint32_t>(names_.size());
+  ids_.emplace(names_.back(), id);
+  return id;
+}
 
- private:
-  std::vector<std::string> names_;
-  absl::flat_hash_map<std::string, std::uint32_t> ids_;
-};
-
-struct PendingEvent {
-  Block* block;
-  EventHandle event;
-  int device;
-};
-
-}  // namespace
-
-struct DeviceState {
-  std::unique_ptr<Pool> default_pool;
-  absl::btree_map<std::uintptr_t, Segment*> segments;  // by base address
-  std::vector<EventHandle> spare_events;
-};
-
-struct Allocator::Impl {
-  std::shared_ptr<DeviceRuntime> runtime;
-  AllocatorOptions options;
-  detail::SizePolicy policy;
-
-  mutable std::mutex mu;
-  detail::BlockArena arena;
-  std::vector<DeviceState> devices;
-  absl::flat_hash_map<std::uintptr_t, Block*> live;
-  std::vector<PendingEvent> pending;
-  TagTable tags;
-  std::uint64_t next_sequence = 1;
-
-  ~Impl();
-  absl::Status check_device(int device) const;
-  Block* find_block_containing(std::uintptr_t addr) const;
-  absl::Status diagnose_unknown(const void* ptr, std::string_view call) const;
-  absl::StatusOr<Block*> take_new_segment(Pool& pool, int device, StreamHandle stream,
-                                          std::size_t rounded, std::size_t requested);
-  absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
-  void process_pending();
-  absl::Status release_free_segments(int device);
-  absl::StatusOr<EventHandle> acquire_event(int device);
-  AllocatorStats device_stats(int device) const;
-  BlockInfo info_of(const Block& block) const;
-};
+}  // namespace detail
 
 Allocator::Impl::~Impl() {
-  // Events of pending frees go back to the runtime; segments go back too.
-  for (const PendingEvent& p : pending) runtime->destroy_event(p.event).IgnoreError();
+  for (const auto& p : pending) runtime->destroy_event(p.event).IgnoreError();
   for (std::size_t d = 0; d < devices.size(); ++d) {
-    DeviceState& state = devices[d];
+    detail::DeviceState& state = devices[d];
     for (EventHandle e : state.spare_events) runtime->destroy_event(e).IgnoreError();
-    if (state.default_pool) {
-      for (const auto& segment : state.default_pool->segments()) {
-        runtime->release(static_cast<int>(d), reinterpret_cast<void*>(segment->base),
-                         segment->size)
-            .IgnoreError();
-      }
+    for (const auto& [base, segment] : state.segments) {
+      runtime->release(static_cast<int>(d), reinterpret_cast<void*>(base), segment->size)
+          .IgnoreError();
     }
   }
   live.clear();
-  for (DeviceState& state : devices) state.default_pool.reset();
+  for (auto& state : devices) {
+    state.graph_pools.clear();
+    state.default_pool.reset();
+  }
 }
 
 absl::Status Allocator::Impl::check_device(int device) const {
@@ -130,39 +65,6 @@ absl::Status Allocator::Impl::check_device(int device) const {
         devices.size()));
   }
   return absl::OkStatus();
-}
-
-Block* Allocator::Impl::find_block_containing(std::uintptr_t addr) const {
-  for (const DeviceState& state : devices) {
-    auto it = state.segments.upper_bound(addr);
-    if (it == state.segments.begin()) continue;
-    const Segment* segment = std::prev(it)->second;
-    if (addr >= segment->base + segment->size) continue;
-    for (Block* b = segment->first; b != nullptr; b = b->next) {
-      if (addr >= b->addr && addr < b->addr + b->size) return b;
-    }
-  }
-  return nullptr;
-}
-
-absl::Status Allocator::Impl::diagnose_unknown(const void* ptr, std::string_view call) const {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  const Block* b = find_block_containing(addr);
-  if (b == nullptr) {
-    return absl::NotFoundError(
-        absl::StrFormat("%s(%p): capalloc did not allocate this pointer", call, ptr));
-  }
-  if (b->addr != addr) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s(%p): pointer is %d bytes into the %s block at %p (%d bytes, device %d); pass the "
-        "block's start address",
-        call, ptr, addr - b->addr, detail::state_name(b->state), b->ptr(), b->size,
-        b->segment->device));
-  }
-  return absl::FailedPreconditionError(absl::StrFormat(
-      "%s(%p): block is already %s (double free or use after free; size %d, device %d)", call,
-      ptr, b->state == BlockState::kFree ? "free" : "freed and waiting on stream events", b->size,
-      b->segment->device));
 }
 
 absl::StatusOr<void*> Allocator::Impl::reserve_relaxed(int device, std::size_t bytes) {
@@ -186,29 +88,63 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
         "out of memory: requested %s (rounded to %s) on device %d of the %s runtime, stream "
         "0x%x: %s. Device %d has %s reserved by capalloc, %s allocated, %s cached free.",
         detail::bytes(requested), detail::bytes(rounded), device, runtime->name(), stream, why,
-        device, detail::bytes(now.reserved_bytes.current), detail::bytes(now.allocated_bytes.current),
+        device, detail::bytes(now.reserved_bytes.current),
+        detail::bytes(now.allocated_bytes.current),
         detail::bytes(now.reserved_bytes.current - now.allocated_bytes.current)));
   };
   if (auto info = runtime->memory_info(device); info.ok() && rounded > info->total_bytes) {
-    return out_of_memory(absl::StrCat("the device has only ", detail::bytes(info->total_bytes),
-                                      " in all"));
+    return out_of_memory(
+        absl::StrCat("the device has only ", detail::bytes(info->total_bytes), " in all"));
   }
   auto base = reserve_relaxed(device, segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {
     ++stats.retries;
-    process_pending();
+    if (events_allowed(device)) process_pending();
     release_free_segments(device).IgnoreError();
     base = reserve_relaxed(device, segment_bytes);
     if (!base.ok() && absl::IsResourceExhausted(base.status())) {
       return out_of_memory(absl::StrCat("the runtime refused a ", detail::bytes(segment_bytes),
                                         " segment after the cache was released (",
-                                        base.status().message(), ")"));
+                                        std::string(base.status().message()), ")"));
     }
   }
   if (!base.ok()) return base.status();
   Block* block = pool.take_from_new_segment(*base, segment_bytes, stream, rounded, requested);
   devices[device].segments.emplace(block->segment->base, block->segment);
   return block;
+}
+
+absl::Status Allocator::Impl::refuse_persistent(int device, StreamHandle stream,
+                                                std::size_t bytes, std::string_view tag,
+                                                const detail::CaptureContext& ctx) {
+  CaptureId capture = ctx.capture;
+  std::string where = absl::StrFormat("stream 0x%x is capturing", stream);
+  if (capture == 0) {
+    if (options.capture_guard_scope == CaptureGuardScope::kStream || !ctx.device_may_capture) {
+      return absl::OkStatus();
+    }
+    capture = active_capture_on(device);
+    if (capture == 0) return absl::OkStatus();
+    where = absl::StrFormat("capture %d is active on device %d", capture, device);
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "persistent allocation '%s' (%s on device %d) refused: %s (capture %d). A block that "
+      "must outlive graph replays cannot be allocated during a capture: it may take an address "
+      "the graph's replays write. Fix: preallocate it during warmup, before any capture "
+      "(PersistentCache::preallocate(%d, \"%s\", %d)).",
+      tag.empty() ? "<untagged>" : std::string(tag), detail::bytes(bytes), device, where,
+      capture, device, std::string(tag), bytes));
+}
+
+void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureId capture,
+                             std::size_t position) {
+  if (listener == nullptr) return;
+  BlockEvent event;
+  event.kind = kind;
+  event.block = info_of(block);
+  event.capture = capture;
+  event.position = position;
+  listener->on_block_event(event);
 }
 
 absl::StatusOr<EventHandle> Allocator::Impl::acquire_event(int device) {
@@ -221,39 +157,94 @@ absl::StatusOr<EventHandle> Allocator::Impl::acquire_event(int device) {
   return runtime->create_event(device);
 }
 
+absl::Status Allocator::Impl::record_free_events(Block* block) {
+  // All or nothing: on failure no event stays queued for the block.
+  const int device = block->segment->device;
+  const std::size_t first_new = pending.size();
+  for (StreamHandle s : block->used_on) {
+    auto event = acquire_event(device);
+    absl::Status status = event.ok() ? runtime->record_event(*event, s) : event.status();
+    if (!status.ok()) {
+      if (event.ok()) devices[device].spare_events.push_back(*event);
+      for (std::size_t i = first_new; i < pending.size(); ++i) {
+        devices[device].spare_events.push_back(pending[i].event);
+      }
+      pending.resize(first_new);
+      return absl::Status(status.code(),
+                          absl::StrFormat("recording an event on stream 0x%x failed: %s", s,
+                                          std::string(status.message())));
+    }
+    pending.push_back({block, *event, device});
+  }
+  block->pending_events = static_cast<std::uint32_t>(block->used_on.size());
+  return absl::OkStatus();
+}
+
 void Allocator::Impl::process_pending() {
+  // Frees deferred during captures whose streams are no longer capturing.
+  if (!deferred.empty()) {
+    auto keep = deferred.begin();
+    for (Block* block : deferred) {
+      const int device = block->segment->device;
+      bool ready = events_allowed(device);
+      for (StreamHandle s : block->used_on) {
+        if (!ready) break;
+        auto info = runtime->capture_info(s);
+        ready = info.ok() && info->status == CaptureStatus::kNone;
+      }
+      if (!ready || !record_free_events(block).ok()) *keep++ = block;
+    }
+    deferred.erase(keep, deferred.end());
+  }
   auto keep = pending.begin();
   for (auto it = pending.begin(); it != pending.end(); ++it) {
-    auto done = runtime->query_event(it->event);
-    if (!done.ok() || !*done) {
+    bool done = false;
+    if (events_allowed(it->device)) {
+      auto queried = runtime->query_event(it->event);
+      done = queried.ok() && *queried;
+    }
+    if (!done) {
       *keep++ = *it;
       continue;
     }
     devices[it->device].spare_events.push_back(it->event);
-    if (--it->block->pending_events == 0) it->block->segment->pool->give_back(it->block);
+    Block* block = it->block;
+    if (--block->pending_events == 0) {
+      Pool* pool = block->segment->pool;
+      pool->give_back(block);
+      maybe_destroy_pool(pool);
+    }
   }
   pending.erase(keep, pending.end());
 }
 
-absl::Status Allocator::Impl::release_free_segments(int device) {
-  DeviceState& state = devices[device];
-  std::vector<detail::SegmentRange> ranges;
-  state.default_pool->take_free_segments(ranges);
-  for (const auto& range : ranges) state.segments.erase(reinterpret_cast<std::uintptr_t>(range.base));
-  absl::Status first_error;
-  for (const auto& range : ranges) {
-    absl::Status s = runtime->release(device, range.base, range.bytes);
-    if (!s.ok()) {
-      detail::log().error("releasing segment {} of {} bytes failed: {}", range.base, range.bytes,
-                          s.ToString());
-      first_error.Update(s);
-    }
+absl::Status Allocator::Impl::free_block(Block* block) {
+  Pool& pool = *block->segment->pool;
+  const int device = block->segment->device;
+  if (block->used_on.empty()) {
+    live.erase(block->addr);
+    pool.give_back(block);
+    maybe_destroy_pool(&pool);
+    return absl::OkStatus();
   }
-  return first_error;
-}
-
-AllocatorStats Allocator::Impl::device_stats(int device) const {
-  return devices[device].default_pool->stats();
+  // Used on other streams: reusable once they pass an event recorded now. An
+  // event on a capturing stream would become part of the graph, so such a
+  // free waits in `deferred` until the capture is over.
+  bool defer = !events_allowed(device);
+  for (StreamHandle s : block->used_on) {
+    if (defer) break;
+    auto info = runtime->capture_info(s);
+    defer = info.ok() && info->status != CaptureStatus::kNone;
+  }
+  if (defer) {
+    deferred.push_back(block);
+  } else if (absl::Status s = record_free_events(block); !s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",
+                                                  block->ptr(), std::string(s.message())));
+  }
+  live.erase(block->addr);
+  pool.mark_pending(block);
+  return absl::OkStatus();
 }
 
 BlockInfo Allocator::Impl::info_of(const Block& b) const {
@@ -267,7 +258,34 @@ BlockInfo Allocator::Impl::info_of(const Block& b) const {
   info.lifetime = b.lifetime;
   info.tag = tags.name(b.tag_id);
   info.sequence = b.sequence;
+  info.pool = b.segment->pool->handle();
+  info.capture = b.capture;
+  info.capture_position = b.capture_position;
   return info;
+}
+
+AllocatorStats Allocator::Impl::device_stats(int device) const {
+  const detail::DeviceState& state = devices[device];
+  AllocatorStats total = state.default_pool->stats();
+  auto add = [](StatCounter& into, const StatCounter& from) {
+    into.current += from.current;
+    into.peak += from.peak;  // an upper bound: pools peak at different times
+  };
+  for (const auto& [handle, pool] : state.graph_pools) {
+    const AllocatorStats& s = pool->stats();
+    add(total.allocated_bytes, s.allocated_bytes);
+    add(total.requested_bytes, s.requested_bytes);
+    add(total.reserved_bytes, s.reserved_bytes);
+    add(total.segments, s.segments);
+    add(total.allocated_blocks, s.allocated_blocks);
+    total.free_blocks += s.free_blocks;
+    total.pending_free_blocks += s.pending_free_blocks;
+    total.allocations += s.allocations;
+    total.frees += s.frees;
+    total.retries += s.retries;
+    total.ooms += s.ooms;
+  }
+  return total;
 }
 
 // --- Public API ---------------------------------------------------------------
@@ -299,7 +317,8 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Dev
   impl->policy = detail::SizePolicy::from(options);
   impl->devices.resize(static_cast<std::size_t>(device_count));
   for (int d = 0; d < device_count; ++d) {
-    impl->devices[d].default_pool = std::make_unique<Pool>(d, impl->policy, impl->arena);
+    impl->devices[d].default_pool =
+        std::make_unique<Pool>(d, kDefaultPool, impl->policy, impl->arena);
   }
   return std::unique_ptr<Allocator>(new Allocator(std::move(impl)));
 }
@@ -316,16 +335,35 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   if (bytes == 0) {
     return absl::InvalidArgumentError("allocate: size 0; a zero-byte block has no address to give");
   }
-  const std::size_t granularity = m.policy.granularity;
   if (bytes > std::numeric_limits<std::size_t>::max() / 2) {
     return absl::InvalidArgumentError(
         absl::StrFormat("allocate: size %d bytes is not a plausible request", bytes));
   }
-  const std::size_t rounded = (bytes + granularity - 1) & ~(granularity - 1);
-  std::lock_guard lock(m.mu);
   if (absl::Status s = m.check_device(device); !s.ok()) return s;
-  if (!m.pending.empty()) m.process_pending();
-  Pool& pool = *m.devices[device].default_pool;
+  const std::size_t granularity = m.policy.granularity;
+  const std::size_t rounded = (bytes + granularity - 1) & ~(granularity - 1);
+
+  // Ask the runtime about the stream before taking the lock.
+  detail::CaptureContext ctx;
+  ctx.device_may_capture = m.runtime->any_capture_active(device);
+  if (ctx.device_may_capture) {
+    auto info = m.runtime->capture_info(stream);
+    if (!info.ok()) return info.status();
+    if (info->status != CaptureStatus::kNone) {
+      ctx.capture = info->id;
+      ctx.position = info->position;
+    }
+  }
+
+  std::lock_guard lock(m.mu);
+  if (options.lifetime == Lifetime::kPersistent) {
+    if (absl::Status s = m.refuse_persistent(device, stream, bytes, options.tag, ctx); !s.ok()) {
+      return s;
+    }
+  }
+  if (!m.pending.empty() || !m.deferred.empty()) m.process_pending();
+  Pool& pool = ctx.capture != 0 ? *m.route_for(device, ctx.capture, stream)
+                                : *m.devices[device].default_pool;
   Block* block = pool.take(stream, rounded, bytes);
   if (block == nullptr) {
     auto fresh = m.take_new_segment(pool, device, stream, rounded, bytes);
@@ -335,7 +373,12 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   block->lifetime = options.lifetime;
   block->tag_id = m.tags.intern(options.tag);
   block->sequence = m.next_sequence++;
+  block->capture = ctx.capture;
+  block->capture_position = ctx.position;
   m.live.emplace(block->addr, block);
+  if (ctx.device_may_capture) {
+    m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position);
+  }
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -346,42 +389,27 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
   auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == m.live.end()) return m.diagnose_unknown(ptr, "deallocate");
   Block* block = it->second;
-  if (device != kAnyDevice && device != block->segment->device) {
+  const int owner = block->segment->device;
+  if (device != kAnyDevice && device != owner) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "deallocate(%p): the block belongs to device %d, not device %d", ptr,
-        block->segment->device, device));
+        "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
   }
-  Pool& pool = *block->segment->pool;
-  if (block->used_on.empty()) {
-    m.live.erase(it);
-    pool.give_back(block);
-    return absl::OkStatus();
-  }
-  // Record an event on every other stream the block was used on; the block
-  // is reusable once all have completed. All or nothing: a failure leaves
-  // the block allocated.
-  const int owner_device = block->segment->device;
-  const std::size_t first_new = m.pending.size();
-  for (StreamHandle s : block->used_on) {
-    auto event = m.acquire_event(owner_device);
-    absl::Status status = event.ok() ? m.runtime->record_event(*event, s) : event.status();
-    if (!status.ok()) {
-      if (event.ok()) m.devices[owner_device].spare_events.push_back(*event);
-      for (std::size_t i = first_new; i < m.pending.size(); ++i) {
-        m.devices[owner_device].spare_events.push_back(m.pending[i].event);
-      }
-      m.pending.resize(first_new);
-      return absl::Status(status.code(),
-                          absl::StrFormat("deallocate(%p): recording an event on stream 0x%x "
-                                          "failed, block left allocated: %s",
-                                          ptr, s, status.message()));
+  // A free during a capture is reported with the capture position of the
+  // block's stream, so the tracker knows until when the block was in use.
+  CaptureId capture = 0;
+  std::size_t position = 0;
+  const bool device_may_capture = m.runtime->any_capture_active(owner);
+  if (device_may_capture) {
+    if (auto info = m.runtime->capture_info(block->segment->stream);
+        info.ok() && info->status != CaptureStatus::kNone) {
+      capture = info->id;
+      position = info->position;
     }
-    m.pending.push_back({block, *event, owner_device});
   }
-  block->pending_events = static_cast<std::uint32_t>(block->used_on.size());
-  m.live.erase(it);
-  pool.mark_pending(block);
-  return absl::OkStatus();
+  if (device_may_capture) {
+    m.notify(BlockEvent::Kind::kFree, *block, capture, position);  // before it may merge away
+  }
+  return m.free_block(block);
 }
 
 absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
@@ -399,7 +427,7 @@ absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   if (auto info = m.runtime->capture_info(stream); !info.ok()) {
     return absl::Status(info.status().code(),
                         absl::StrFormat("record_stream(%p, 0x%x): %s", ptr, stream,
-                                        info.status().message()));
+                                        std::string(info.status().message())));
   }
   block->used_on.push_back(stream);
   return absl::OkStatus();
@@ -421,83 +449,14 @@ absl::Status Allocator::empty_cache(int device) {
 
 absl::StatusOr<AllocatorStats> Allocator::stats(int device) const {
   const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
   if (absl::Status s = m.check_device(device); !s.ok()) return s;
+  std::lock_guard lock(m.mu);
   return m.device_stats(device);
 }
 
-absl::StatusOr<BlockInfo> Allocator::block_info(const void* ptr) const {
-  const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  const Block* b = m.find_block_containing(reinterpret_cast<std::uintptr_t>(ptr));
-  if (b == nullptr) {
-    return absl::NotFoundError(
-        absl::StrFormat("block_info(%p): capalloc did not allocate this pointer", ptr));
-  }
-  return m.info_of(*b);
-}
-
-absl::Status Allocator::CheckInvariants() const {
-  const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  std::size_t allocated = 0;
-  for (std::size_t d = 0; d < m.devices.size(); ++d) {
-    const DeviceState& state = m.devices[d];
-    const Pool& pool = *state.default_pool;
-    if (absl::Status s = pool.check_invariants(); !s.ok()) {
-      return absl::InternalError(absl::StrCat("device ", d, ": ", s.message()));
-    }
-    if (state.segments.size() != pool.segments().size()) {
-      return absl::InternalError(absl::StrFormat("device %d: segment map holds %d, pool %d", d,
-                                                 state.segments.size(), pool.segments().size()));
-    }
-    std::uintptr_t previous_end = 0;
-    for (const auto& [base, segment] : state.segments) {
-      if (base < previous_end) {
-        return absl::InternalError(absl::StrFormat("device %d: segments overlap at 0x%x", d, base));
-      }
-      previous_end = base + segment->size;
-      for (const Block* b = segment->first; b != nullptr; b = b->next) {
-        if (b->state != BlockState::kAllocated) continue;
-        ++allocated;
-        auto it = m.live.find(b->addr);
-        if (it == m.live.end() || it->second != b) {
-          return absl::InternalError(
-              absl::StrFormat("allocated block 0x%x is missing from the pointer table", b->addr));
-        }
-      }
-    }
-  }
-  if (allocated != m.live.size()) {
-    return absl::InternalError(absl::StrFormat(
-        "pointer table holds %d blocks, the segments %d allocated", m.live.size(), allocated));
-  }
-  absl::flat_hash_map<const Block*, std::uint32_t> pending_counts;
-  for (const PendingEvent& p : m.pending) ++pending_counts[p.block];
-  for (const auto& [block, count] : pending_counts) {
-    if (block->state != BlockState::kPendingFree || block->pending_events != count) {
-      return absl::InternalError(absl::StrFormat(
-          "pending block 0x%x: state %s, %d events expected, %d queued", block->addr,
-          detail::state_name(block->state), block->pending_events, count));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::string Allocator::describe() const {
-  const Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  std::string out = absl::StrFormat(
-      "capalloc on the %s runtime, %d device(s); sizes round to %s; small requests (<= %s) share "
-      "%s segments, medium (<= %s) share %s segments, larger ones get their own.\n",
-      m.runtime->name(), m.devices.size(), detail::bytes(m.policy.granularity),
-      detail::bytes(m.policy.small_request_limit), detail::bytes(m.policy.small_segment_bytes),
-      detail::bytes(m.policy.medium_request_limit), detail::bytes(m.policy.large_segment_bytes));
-  for (std::size_t d = 0; d < m.devices.size(); ++d) {
-    absl::StrAppend(&out, "device ", d, ": ", detail::describe_stats(m.device_stats(static_cast<int>(d))),
-                    "\n");
-  }
-  return out;
+void Allocator::set_capture_listener(CaptureListener* listener) {
+  std::lock_guard lock(impl_->mu);
+  impl_->listener = listener;
 }
 
 }  // namespace capalloc

@@ -42,6 +42,8 @@ struct Block {
   std::uint32_t tag_id = 0;
   std::uint32_t pending_events = 0;  // events still to complete (kPendingFree)
   std::uint64_t sequence = 0;        // allocation sequence number
+  CaptureId capture = 0;             // capture the block was allocated in
+  std::size_t capture_position = 0;  // position in that capture
   // Streams other than the owner's the block was used on (record_stream).
   absl::InlinedVector<StreamHandle, 2> used_on;
 

@@ -51,6 +51,17 @@ absl::StatusOr<AllocatorOptions> AllocatorOptions::from_env() {
     }
     options.round_granularity = static_cast<std::size_t>(granularity);
   }
+  if (const char* value = std::getenv("CAPALLOC_CAPTURE_GUARD_SCOPE"); value != nullptr && *value) {
+    const std::string scope(value);
+    if (scope == "device") {
+      options.capture_guard_scope = CaptureGuardScope::kDevice;
+    } else if (scope == "stream") {
+      options.capture_guard_scope = CaptureGuardScope::kStream;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CAPALLOC_CAPTURE_GUARD_SCOPE='", scope, "' must be 'device' or 'stream'"));
+    }
+  }
   return options;
 }
 

@@ -146,6 +146,8 @@ void Pool::give_back(Block* block) {
   block->used_on.clear();
   block->lifetime = Lifetime::kTransient;
   block->tag_id = 0;
+  block->capture = 0;
+  block->capture_position = 0;
   FreeIndex& index = index_for(*block->segment);
   // Merge with free neighbours; the survivor is the lowest-addressed block.
   if (Block* prev = block->prev; prev != nullptr && prev->is_free()) {

@@ -55,13 +55,24 @@ struct SegmentRange {
 
 class Pool {
  public:
-  Pool(int device, const SizePolicy& policy, BlockArena& arena)
-      : device_(device), policy_(policy), arena_(arena) {}
+  // `handle` is kDefaultPool for a device's default pool, else the graph
+  // pool's handle.
+  Pool(int device, PoolHandle handle, const SizePolicy& policy, BlockArena& arena)
+      : device_(device), handle_(handle), policy_(policy), arena_(arena) {}
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
 
   int device() const { return device_; }
+  PoolHandle handle() const { return handle_; }
+  bool is_graph_pool() const { return handle_ != kDefaultPool; }
+  // Blocks the pool cannot give back yet: allocated or pending-free.
+  std::int64_t blocks_in_use() const {
+    return stats_.allocated_blocks.current + stats_.pending_free_blocks;
+  }
+
+  // References on a graph pool: the creator's handle, capture routes, graphs.
+  int refs = 0;
 
   // Serves `rounded` bytes on `stream` from a cached free block, splitting
   // off the remainder; nullptr when no cached block fits. The block comes
@@ -105,6 +116,7 @@ class Pool {
   void file_free(Block* block);
 
   int device_;
+  PoolHandle handle_;
   SizePolicy policy_;
   BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;

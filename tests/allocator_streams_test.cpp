@@ -133,7 +133,7 @@ TEST_CASE("a block freed on one stream is not handed to another stream", "[strea
   REQUIRE_OK(alloc->CheckInvariants());
 }
 
-TEST_CASE("pending frees hold their segment until the event completes; empty_cache never waits",
+TEST_CASE("pending frees hold their segment until the event completes and empty_cache never waits",
           "[streams]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);

@@ -252,7 +252,7 @@ TEST_CASE("stream_wait_event orders work across streams", "[host][events]") {
   REQUIRE(rt->synchronize_stream(producer).ok());
 }
 
-TEST_CASE("capture records work without running it; replays run it at the same addresses",
+TEST_CASE("capture records work without running it and replays run it at the same addresses",
           "[host][capture]") {
   auto rt = make_runtime_or_fail();
   const StreamHandle s = make_stream(*rt);
@@ -575,7 +575,7 @@ TEST_CASE("graph_writes lists the declared writes of each node with its position
   CHECK(rt->release(0, *seg, 4096).ok());
 }
 
-TEST_CASE("a destroyed graph cannot be launched; a replay in flight survives destroy_graph",
+TEST_CASE("a destroyed graph cannot be launched but a replay in flight survives destroy_graph",
           "[host][graphs]") {
   auto rt = make_runtime_or_fail();
   const StreamHandle s = make_stream(*rt);

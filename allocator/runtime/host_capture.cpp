@@ -126,6 +126,7 @@ absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, Captur
     capture->members[stream] = CaptureMember{};
     captures_.emplace(capture->id, capture);
     (*st)->capture = capture;
+    active_captures_[(*st)->device].fetch_add(1, std::memory_order_release);
     return capture->id;
   });
 }
@@ -152,6 +153,7 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
       if (auto it = streams_.find(member); it != streams_.end()) it->second->capture.reset();
     }
     captures_.erase(capture->id);
+    active_captures_[(*st)->device].fetch_sub(1, std::memory_order_release);
 
     if (capture->status != CaptureStatus::kActive) {
       return absl::FailedPreconditionError(
@@ -184,6 +186,11 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
     ++next_graph_;
     return graph;
   });
+}
+
+bool HostRuntime::any_capture_active(int device) const {
+  if (device < 0 || device >= options_.device_count) return false;
+  return active_captures_[device].load(std::memory_order_acquire) > 0;
 }
 
 absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {

@@ -82,7 +82,8 @@ absl::StatusOr<std::shared_ptr<HostRuntime>> HostRuntime::create(
 HostRuntime::HostRuntime(const HostRuntimeOptions& options)
     : options_(options),
       page_bytes_(system_page_bytes()),
-      devices_(static_cast<std::size_t>(options.device_count)) {
+      devices_(static_cast<std::size_t>(options.device_count)),
+      active_captures_(new std::atomic<int>[static_cast<std::size_t>(options.device_count)]{}) {
   streams_.emplace(kDefaultStream, std::make_shared<StreamState>(0, "default stream"));
 }
 

@@ -22,6 +22,7 @@
 #ifndef CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
 #define CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -165,6 +166,7 @@ class HostRuntime final : public DeviceRuntime {
   absl::StatusOr<CaptureId> begin_capture(StreamHandle stream, CaptureMode mode) override;
   absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) override;
   absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) override;
+  bool any_capture_active(int device) const override;
   absl::Status launch_graph(GraphHandle graph, StreamHandle stream) override;
   absl::Status destroy_graph(GraphHandle graph) override;
   absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) override;
@@ -201,6 +203,9 @@ class HostRuntime final : public DeviceRuntime {
   absl::flat_hash_map<EventHandle, std::shared_ptr<EventState>> events_;
   absl::flat_hash_map<CaptureId, std::shared_ptr<CaptureState>> captures_;  // not yet ended
   absl::flat_hash_map<GraphHandle, std::shared_ptr<const GraphNodes>> graphs_;
+  // Captures begun and not yet ended, per device of their origin stream; read
+  // without mu_ on the allocator's hot path.
+  std::unique_ptr<std::atomic<int>[]> active_captures_;
   StreamHandle next_stream_ = 1;
   EventHandle next_event_ = 1;
   GraphHandle next_graph_ = 1;

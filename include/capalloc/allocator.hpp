@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,18 @@ namespace capalloc {
 // replay unchanged (workspaces, semaphores, caches).
 enum class Lifetime { kTransient, kPersistent };
 
+// A pool of device memory that receives the allocations of graph captures.
+// Several captures may share one (as vLLM shares one across batch sizes).
+// 0 names no graph pool: the device's default pool.
+using PoolHandle = std::uint64_t;
+inline constexpr PoolHandle kDefaultPool = 0;
+
+// Where a persistent request is refused: while any capture is active on the
+// device (the default: a capture on another stream may still allocate into
+// the pool the block would come from), or only while the requesting stream
+// itself is capturing.
+enum class CaptureGuardScope { kDevice, kStream };
+
 struct AllocatorOptions {
   // Sizes round up to a multiple of this; a power of two, at least 256. Block
   // addresses are aligned to it as well.
@@ -49,9 +62,11 @@ struct AllocatorOptions {
   // bigger ones get a segment of their own (rounded to 2 MiB).
   std::size_t medium_request_limit = std::size_t{10} << 20;
   std::size_t large_segment_bytes = std::size_t{20} << 20;
+  CaptureGuardScope capture_guard_scope = CaptureGuardScope::kDevice;
 
-  // Reads CAPALLOC_ROUND_GRANULARITY (bytes) over the defaults; an invalid
-  // value is an error naming the variable.
+  // Reads CAPALLOC_ROUND_GRANULARITY (bytes) and CAPALLOC_CAPTURE_GUARD_SCOPE
+  // (device|stream) over the defaults; an invalid value is an error naming
+  // the variable.
   static absl::StatusOr<AllocatorOptions> from_env();
 };
 
@@ -96,6 +111,31 @@ struct BlockInfo {
   Lifetime lifetime = Lifetime::kTransient;
   std::string tag;
   std::uint64_t sequence = 0;  // allocation sequence number, 1-based, per allocator
+  PoolHandle pool = kDefaultPool;
+  CaptureId capture = 0;         // the capture it was allocated in (0: none)
+  std::size_t capture_position = 0;  // capture position of the allocation
+
+  MemorySpan span() const { return {ptr, size}; }
+};
+
+// What the allocator tells a CaptureListener.
+struct BlockEvent {
+  enum class Kind { kAllocate, kFree };
+  Kind kind = Kind::kAllocate;
+  BlockInfo block;
+  // The capture the block's stream is in at the event (0: none), and the
+  // capture position at which the event happens.
+  CaptureId capture = 0;
+  std::size_t position = 0;
+};
+
+// Observes allocations and frees made while a capture is active on their
+// device (nothing else: outside captures the allocator calls no listener).
+// Called with the allocator's lock held: it must not call the allocator.
+class CaptureListener {
+ public:
+  virtual ~CaptureListener() = default;
+  virtual void on_block_event(const BlockEvent& event) = 0;
 };
 
 class CAPALLOC_API Allocator {
@@ -108,11 +148,14 @@ class CAPALLOC_API Allocator {
   Allocator(const Allocator&) = delete;
   Allocator& operator=(const Allocator&) = delete;
 
-  // Allocates at least `bytes` on `device` for use on `stream`. Errors:
-  // kInvalidArgument for size 0, a size that overflows rounding, or an unknown
-  // device; kResourceExhausted when the device is out of memory after the
-  // cache was released and the request retried once (the message states the
-  // request, device, reserved and allocated bytes).
+  // Allocates at least `bytes` on `device` for use on `stream`. On a stream
+  // that is capturing, the block comes from the capture's graph pool.
+  // Errors: kInvalidArgument for size 0, a size that overflows rounding, or
+  // an unknown device; kFailedPrecondition for a persistent request while a
+  // capture is active (see CaptureGuardScope; the message names the tag, the
+  // capture and the fix); kResourceExhausted when the device is out of memory
+  // after the cache was released and the request retried once (the message
+  // states the request, device, reserved and allocated bytes).
   // Cost: O(1) expected in steady state (a hash lookup, a bitmap search, at
   // most one split); no heap allocation once the pools are warm.
   absl::StatusOr<void*> allocate(std::size_t bytes, int device = 0,
@@ -134,8 +177,37 @@ class CAPALLOC_API Allocator {
   // processed first; no caller work is waited for.
   absl::Status empty_cache(int device = kAnyDevice);
 
+  // --- Graph pools and capture routing ---------------------------------------
+  // Creates an empty graph pool on `device`, holding one reference for the
+  // caller.
+  absl::StatusOr<PoolHandle> create_graph_pool(int device);
+  absl::Status retain_graph_pool(PoolHandle pool);
+  // Drops a reference. A pool with no reference left and no live block is
+  // destroyed and its segments go back to the runtime.
+  absl::Status release_graph_pool(PoolHandle pool);
+  // From now on, allocations on streams in capture `capture` (on `device`)
+  // come from `pool`, which the route holds a reference on (PyTorch's
+  // beginAllocateToPool). A capture nobody announced gets a private pool on
+  // its first allocation, kept for the life of the allocator since nobody will
+  // say when its graph is gone.
+  absl::Status begin_allocate_to_pool(int device, CaptureId capture, PoolHandle pool);
+  // Ends the route and drops its reference. When no capture is left on the
+  // device, frees deferred during captures get their events recorded.
+  absl::Status end_allocate_to_pool(CaptureId capture);
+  absl::StatusOr<AllocatorStats> pool_stats(PoolHandle pool) const;
+
+  // The listener for allocations and frees during captures (nullptr: none).
+  // The listener must outlive its registration.
+  void set_capture_listener(CaptureListener* listener);
+
+  // --- Inspection ---------------------------------------------------------------
+  // Sums over the device's default and graph pools.
   absl::StatusOr<AllocatorStats> stats(int device) const;
+  // The block containing `ptr` (allocated, free or pending-free).
   absl::StatusOr<BlockInfo> block_info(const void* ptr) const;
+  // Every allocated block of `device` overlapping one of `spans`, in address
+  // order, each once. O(blocks of the segments the spans touch + spans).
+  std::vector<BlockInfo> live_blocks(int device, std::vector<MemorySpan> spans) const;
 
   // Verifies the allocator's invariants on every device: live blocks never
   // overlap, blocks tile their segments exactly, no two free physical

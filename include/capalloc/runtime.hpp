@@ -106,11 +106,11 @@ struct GraphWrite {
 // a graph keeps it until the graph is destroyed, exactly as CUDA keeps
 // kernel arguments by value.
 struct KernelLaunch {
-  std::string name;
-  std::vector<MemorySpan> reads;
-  std::vector<MemorySpan> writes;
-  std::function<void()> host_body;
-  std::function<absl::Status(void* native_stream)> device_body;
+  std::string name{};
+  std::vector<MemorySpan> reads{};
+  std::vector<MemorySpan> writes{};
+  std::function<void()> host_body{};
+  std::function<absl::Status(void* native_stream)> device_body{};
 };
 
 struct DeviceMemoryInfo {
@@ -175,6 +175,11 @@ class CAPALLOC_API DeviceRuntime {
   // did not join back to the origin stream.
   virtual absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) = 0;
   virtual absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) = 0;
+  // A cheap hint for the allocator's hot path: false only when no capture can
+  // be active on any stream of `device`. The host runtime knows exactly; a GPU
+  // runtime, which cannot see captures begun through the native API, may
+  // answer true and leave the allocator to ask capture_info per stream.
+  virtual bool any_capture_active(int device) const = 0;
   // Enqueues one replay of the graph on `stream`: its operations in capture
   // order, against the addresses they were captured with.
   virtual absl::Status launch_graph(GraphHandle graph, StreamHandle stream) = 0;

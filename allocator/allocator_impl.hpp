@@ -1,0 +1,139 @@
+// allocator/allocator_impl.hpp: the Allocator's state, shared by its three
+// source files (allocator.cpp: allocate/free and the public calls;
+// graph_pools.cpp: graph pools, capture routes and frees deferred during
+// captures; allocator_checks.cpp: diagnosis, invariants and description).
+//
+// One mutex guards everything (as PyTorch's allocator does per device);
+// runtime calls made under it never call back into the allocator.
+//
+// What the Impl owns:
+//  - the pointer table: every allocated block by address. Pending-free
+//    blocks are not in it, so a second free of them is a double free;
+//  - per device, the default pool, the graph pools, and a map of segments by
+//    address to diagnose pointers capalloc did not hand out;
+//  - capture routes: which pool each capture allocates into;
+//  - pending frees: a block used on other streams is freed once events
+//    recorded on those streams at free time have completed. They are polled,
+//    never waited for, on allocation. While a capture is routed on the
+//    device, or while one of the block's streams is capturing, events are
+//    neither recorded nor queried (either would join or break the capture):
+//    such frees wait in `deferred` until the captures are over.
+#ifndef CAPALLOC_ALLOCATOR_ALLOCATOR_IMPL_HPP_
+#define CAPALLOC_ALLOCATOR_ALLOCATOR_IMPL_HPP_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "allocator/block.hpp"
+#include "allocator/pool.hpp"
+#include "capalloc/allocator.hpp"
+
+namespace capalloc {
+
+namespace detail {
+
+// Interned block tags: id 0 is the empty tag.
+class TagTable {
+ public:
+  std::uint32_t intern(std::string_view tag);
+  std::string name(std::uint32_t id) const { return id == 0 ? std::string() : names_[id - 1]; }
+
+ private:
+  std::vector<std::string> names_;
+  absl::flat_hash_map<std::string, std::uint32_t> ids_;
+};
+
+struct PendingEvent {
+  Block* block;
+  EventHandle event;
+  int device;
+};
+
+// Which pool a capture allocates into.
+struct CaptureRoute {
+  int device = 0;
+  Pool* pool = nullptr;
+  StreamHandle stream = kDefaultStream;  // a stream seen in the capture
+  bool announced = false;                // begin_allocate_to_pool, not discovered
+};
+
+struct DeviceState {
+  std::unique_ptr<Pool> default_pool;
+  absl::flat_hash_map<PoolHandle, std::unique_ptr<Pool>> graph_pools;
+  absl::btree_map<std::uintptr_t, Segment*> segments;  // by base address
+  std::vector<EventHandle> spare_events;
+  int routes = 0;  // captures routed to a pool on this device
+};
+
+// What allocate() learned about the requesting stream before taking the lock.
+struct CaptureContext {
+  bool device_may_capture = false;  // DeviceRuntime::any_capture_active
+  CaptureId capture = 0;            // the stream's capture, 0 if none
+  std::size_t position = 0;
+};
+
+}  // namespace detail
+
+struct Allocator::Impl {
+  std::shared_ptr<DeviceRuntime> runtime;
+  AllocatorOptions options;
+  detail::SizePolicy policy;
+
+  mutable std::mutex mu;
+  detail::BlockArena arena;
+  std::vector<detail::DeviceState> devices;
+  absl::flat_hash_map<std::uintptr_t, detail::Block*> live;
+  std::vector<detail::PendingEvent> pending;
+  std::vector<detail::Block*> deferred;  // pending-free, events not yet recorded
+  absl::flat_hash_map<CaptureId, detail::CaptureRoute> routes;
+  absl::flat_hash_map<PoolHandle, int> pool_devices;  // graph pool -> device
+  PoolHandle next_pool = 1;
+  detail::TagTable tags;
+  std::uint64_t next_sequence = 1;
+  CaptureListener* listener = nullptr;
+
+  ~Impl();
+
+  // allocator.cpp
+  absl::Status check_device(int device) const;
+  absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
+  absl::StatusOr<detail::Block*> take_new_segment(detail::Pool& pool, int device,
+                                                  StreamHandle stream, std::size_t rounded,
+                                                  std::size_t requested);
+  absl::Status refuse_persistent(int device, StreamHandle stream, std::size_t bytes,
+                                 std::string_view tag, const detail::CaptureContext& ctx);
+  absl::Status free_block(detail::Block* block);
+  absl::StatusOr<EventHandle> acquire_event(int device);
+  absl::Status record_free_events(detail::Block* block);
+  void process_pending();
+  void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
+              std::size_t position);
+  BlockInfo info_of(const detail::Block& block) const;
+  AllocatorStats device_stats(int device) const;
+
+  // graph_pools.cpp
+  absl::StatusOr<detail::Pool*> find_graph_pool(PoolHandle handle) const;
+  detail::Pool* route_for(int device, CaptureId capture, StreamHandle stream);
+  // The id of an active capture on `device` other than through `stream`'s
+  // own, or 0; ends routes of discovered captures that are over.
+  CaptureId active_capture_on(int device);
+  void drop_route(CaptureId capture);
+  void maybe_destroy_pool(detail::Pool* pool);
+  // Returns fully free segments of the pools that may give memory back (the
+  // default pool, graph pools without references).
+  absl::Status release_free_segments(int device);
+  absl::Status release_segments(int device, detail::Pool& pool);
+  bool events_allowed(int device) const { return devices[device].routes == 0; }
+
+  // allocator_checks.cpp
+  detail::Block* find_block_containing(std::uintptr_t addr) const;
+  absl::Status diagnose_unknown(const void* ptr, std::string_view call) const;
+};
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_ALLOCATOR_ALLOCATOR_IMPL_HPP_

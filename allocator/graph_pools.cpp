@@ -1,0 +1,200 @@
+// allocator/graph_pools.cpp: graph pools and capture routes.
+//
+// A graph pool holds the blocks of one or more captures. It lives while it
+// has references (the creator's handle, each capture route into it, each
+// graph a tracker keeps) or live blocks; then its segments go back to the
+// runtime. A pool with references keeps even its free segments: a graph that
+// may still replay writes into them, so handing them back to the device
+// (where anything could land) would spread the graph's writes further.
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "allocator/allocator_impl.hpp"
+#include "allocator/log.hpp"
+
+namespace capalloc {
+
+using detail::Pool;
+
+absl::StatusOr<Pool*> Allocator::Impl::find_graph_pool(PoolHandle handle) const {
+  auto it = pool_devices.find(handle);
+  if (it == pool_devices.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "graph pool %d does not exist (never created, or destroyed after its last reference "
+        "and block were gone)",
+        handle));
+  }
+  return devices[it->second].graph_pools.at(handle).get();
+}
+
+Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle stream) {
+  auto it = routes.find(capture);
+  if (it != routes.end()) return it->second.pool;
+  // A capture nobody announced (a host application capturing through the
+  // native API): a private pool, kept since nobody will say when its graph
+  // is destroyed.
+  const PoolHandle handle = next_pool++;
+  auto pool = std::make_unique<Pool>(device, handle, policy, arena);
+  Pool* raw = pool.get();
+  raw->refs = 2;  // the route's, and the unknown graph's
+  devices[device].graph_pools.emplace(handle, std::move(pool));
+  pool_devices.emplace(handle, device);
+  routes.emplace(capture, detail::CaptureRoute{device, raw, stream, /*announced=*/false});
+  ++devices[device].routes;
+  detail::log().info("capture {} on device {} was not announced; its allocations go to private "
+                     "graph pool {}",
+                     capture, device, handle);
+  return raw;
+}
+
+CaptureId Allocator::Impl::active_capture_on(int device) {
+  // Routes of discovered captures end lazily: when their stream is no longer
+  // in that capture.
+  std::vector<CaptureId> over;
+  CaptureId active = 0;
+  for (const auto& [id, route] : routes) {
+    if (route.device != device) continue;
+    auto info = runtime->capture_info(route.stream);
+    const bool still = info.ok() && info->status != CaptureStatus::kNone && info->id == id;
+    if (still) {
+      if (active == 0) active = id;
+    } else if (!route.announced) {
+      over.push_back(id);
+    } else if (active == 0) {
+      active = id;  // announced: the tracker ends it; until then it counts
+    }
+  }
+  for (CaptureId id : over) drop_route(id);
+  return active;
+}
+
+void Allocator::Impl::drop_route(CaptureId capture) {
+  auto it = routes.find(capture);
+  if (it == routes.end()) return;
+  Pool* pool = it->second.pool;
+  --devices[it->second.device].routes;
+  routes.erase(it);
+  --pool->refs;
+  maybe_destroy_pool(pool);
+}
+
+void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
+  if (!pool->is_graph_pool() || pool->refs > 0 || pool->blocks_in_use() > 0) return;
+  const int device = pool->device();
+  const PoolHandle handle = pool->handle();
+  if (absl::Status s = release_segments(device, *pool); !s.ok()) {
+    detail::log().error("releasing graph pool {}: {}", handle, s.ToString());
+  }
+  pool_devices.erase(handle);
+  devices[device].graph_pools.erase(handle);
+}
+
+absl::Status Allocator::Impl::release_segments(int device, Pool& pool) {
+  std::vector<detail::SegmentRange> ranges;
+  pool.take_free_segments(ranges);
+  absl::Status first_error;
+  for (const auto& range : ranges) {
+    devices[device].segments.erase(reinterpret_cast<std::uintptr_t>(range.base));
+    absl::Status s = runtime->release(device, range.base, range.bytes);
+    if (!s.ok()) {
+      detail::log().error("releasing segment {} of {} bytes failed: {}", range.base, range.bytes,
+                          s.ToString());
+      first_error.Update(s);
+    }
+  }
+  return first_error;
+}
+
+absl::Status Allocator::Impl::release_free_segments(int device) {
+  detail::DeviceState& state = devices[device];
+  absl::Status result = release_segments(device, *state.default_pool);
+  for (auto& [handle, pool] : state.graph_pools) {
+    if (pool->refs == 0) result.Update(release_segments(device, *pool));
+  }
+  return result;
+}
+
+// --- Public API ---------------------------------------------------------------
+
+absl::StatusOr<PoolHandle> Allocator::create_graph_pool(int device) {
+  Impl& m = *impl_;
+  if (absl::Status s = m.check_device(device); !s.ok()) return s;
+  std::lock_guard lock(m.mu);
+  const PoolHandle handle = m.next_pool++;
+  auto pool = std::make_unique<Pool>(device, handle, m.policy, m.arena);
+  pool->refs = 1;
+  m.devices[device].graph_pools.emplace(handle, std::move(pool));
+  m.pool_devices.emplace(handle, device);
+  return handle;
+}
+
+absl::Status Allocator::retain_graph_pool(PoolHandle handle) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  auto pool = m.find_graph_pool(handle);
+  if (!pool.ok()) return pool.status();
+  ++(*pool)->refs;
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::release_graph_pool(PoolHandle handle) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  auto pool = m.find_graph_pool(handle);
+  if (!pool.ok()) return pool.status();
+  if ((*pool)->refs == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "release_graph_pool(%d): the pool holds no reference to release", handle));
+  }
+  --(*pool)->refs;
+  m.maybe_destroy_pool(*pool);
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, PoolHandle handle) {
+  Impl& m = *impl_;
+  if (absl::Status s = m.check_device(device); !s.ok()) return s;
+  if (capture == 0) return absl::InvalidArgumentError("begin_allocate_to_pool: capture id 0");
+  std::lock_guard lock(m.mu);
+  auto pool = m.find_graph_pool(handle);
+  if (!pool.ok()) return pool.status();
+  if ((*pool)->device() != device) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "begin_allocate_to_pool: graph pool %d is on device %d, not %d", handle,
+        (*pool)->device(), device));
+  }
+  if (m.routes.contains(capture)) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "begin_allocate_to_pool: capture %d already allocates to a pool", capture));
+  }
+  ++(*pool)->refs;
+  m.routes.emplace(capture, detail::CaptureRoute{device, *pool, kDefaultStream, true});
+  ++m.devices[device].routes;
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::end_allocate_to_pool(CaptureId capture) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  if (!m.routes.contains(capture)) {
+    return absl::NotFoundError(
+        absl::StrFormat("end_allocate_to_pool: capture %d has no pool route", capture));
+  }
+  m.drop_route(capture);
+  if (!m.deferred.empty() || !m.pending.empty()) m.process_pending();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AllocatorStats> Allocator::pool_stats(PoolHandle handle) const {
+  const Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
+  if (handle == kDefaultPool) {
+    return absl::InvalidArgumentError(
+        "pool_stats: the default pool has no handle; use stats(device) for a device's total");
+  }
+  auto pool = m.find_graph_pool(handle);
+  if (!pool.ok()) return pool.status();
+  return (*pool)->stats();
+}
+
+}  // namespace capalloc
