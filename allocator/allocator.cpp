@@ -454,9 +454,15 @@ absl::StatusOr<AllocatorStats> Allocator::stats(int device) const {
   return m.device_stats(device);
 }
 
-void Allocator::set_capture_listener(CaptureListener* listener) {
+absl::Status Allocator::set_capture_listener(CaptureListener* listener) {
   std::lock_guard lock(impl_->mu);
+  if (listener != nullptr && impl_->listener != nullptr && impl_->listener != listener) {
+    return absl::AlreadyExistsError(
+        "set_capture_listener: the allocator already has a capture listener (one "
+        "CaptureTracker per allocator)");
+  }
   impl_->listener = listener;
+  return absl::OkStatus();
 }
 
 }  // namespace capalloc

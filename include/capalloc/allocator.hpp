@@ -197,8 +197,9 @@ class CAPALLOC_API Allocator {
   absl::StatusOr<AllocatorStats> pool_stats(PoolHandle pool) const;
 
   // The listener for allocations and frees during captures (nullptr: none).
-  // The listener must outlive its registration.
-  void set_capture_listener(CaptureListener* listener);
+  // The listener must outlive its registration. kAlreadyExists if another
+  // listener is registered (one CaptureTracker per allocator).
+  absl::Status set_capture_listener(CaptureListener* listener);
 
   // --- Inspection ---------------------------------------------------------------
   // Sums over the device's default and graph pools.

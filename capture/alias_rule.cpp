@@ -1,0 +1,160 @@
+// capture/alias_rule.cpp: see alias_rule.hpp.
+#include "capture/alias_rule.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_format.h"
+
+namespace capalloc::detail {
+
+namespace {
+
+MemorySpan intersect(MemorySpan a, MemorySpan b) {
+  const std::uintptr_t begin = std::max(a.begin(), b.begin());
+  const std::uintptr_t end = std::min(a.end(), b.end());
+  return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
+}
+
+// True when `record` writes all of `range` through `victim` at positions
+// after `after`: the replay then ends with the victim's own data there.
+bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, MemorySpan range,
+                         std::size_t after) {
+  auto it = record.by_writer.find(victim.sequence);
+  if (it == record.by_writer.end()) return false;
+  std::vector<MemorySpan> own;
+  for (std::size_t i : it->second) {
+    const RecordedWrite& w = record.record.writes[i];
+    if (w.position > after && w.span.overlaps(range)) own.push_back(w.span);
+  }
+  std::sort(own.begin(), own.end(),
+            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+  std::uintptr_t covered_to = range.begin();
+  for (const MemorySpan& s : own) {
+    if (s.begin() > covered_to) return false;
+    covered_to = std::max(covered_to, s.end());
+    if (covered_to >= range.end()) return true;
+  }
+  return covered_to >= range.end();
+}
+
+std::string name_of(const BlockRef& b) {
+  if (b.sequence == 0) return "memory no block held";
+  return absl::StrFormat("'%s' (block #%d)", b.tag.empty() ? "untagged" : b.tag, b.sequence);
+}
+
+}  // namespace
+
+IndexedRecord::IndexedRecord(WriteRecord r) : record(std::move(r)) {
+  for (std::size_t i = 0; i < record.writes.size(); ++i) {
+    by_writer[record.writes[i].writer.sequence].push_back(i);
+  }
+}
+
+std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < record.writes.size(); ++i) {
+    if (record.writes[i].span.overlaps(span)) out.push_back(i);
+  }
+  return out;
+}
+
+void WriteIndex::add(const IndexedRecord& r) {
+  DeviceWrites& d = devices_[r.record.device];
+  for (std::size_t i = 0; i < r.record.writes.size(); ++i) {
+    const MemorySpan& s = r.record.writes[i].span;
+    d.by_begin.emplace(s.begin(), Entry{r.record.graph, i, s.end()});
+    d.longest = std::max(d.longest, s.bytes);
+  }
+}
+
+void WriteIndex::remove(const IndexedRecord& r) {
+  auto d = devices_.find(r.record.device);
+  if (d == devices_.end()) return;
+  for (const RecordedWrite& w : r.record.writes) {
+    auto [first, last] = d->second.by_begin.equal_range(w.span.begin());
+    for (auto it = first; it != last;) {
+      it = it->second.graph == r.record.graph ? d->second.by_begin.erase(it) : std::next(it);
+    }
+  }
+}
+
+std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int device,
+                                                                         MemorySpan span) const {
+  std::vector<std::pair<GraphHandle, std::size_t>> out;
+  auto d = devices_.find(device);
+  if (d == devices_.end() || span.bytes == 0) return out;
+  const std::uintptr_t from =
+      span.begin() > d->second.longest ? span.begin() - d->second.longest : 0;
+  for (auto it = d->second.by_begin.lower_bound(from);
+       it != d->second.by_begin.end() && it->first < span.end(); ++it) {
+    if (it->second.end > span.begin()) out.emplace_back(it->second.graph, it->second.write);
+  }
+  return out;
+}
+
+Severity classify(const WriteRecord& record, const BlockRef& victim) {
+  if (victim.lifetime == Lifetime::kPersistent) return Severity::kHazard;
+  if (victim.capture == 0 || victim.capture == record.capture) return Severity::kHazard;
+  return Severity::kCrossGraphOutput;
+}
+
+std::string fix_for(const Finding& f) {
+  const std::string victim = name_of(f.victim);
+  if (f.victim.capture != 0) {
+    return absl::StrFormat(
+        "%s was allocated during capture %d and outlives it: allocate it before the capture, "
+        "or make it persistent and preallocate it during warmup, so it never takes an address "
+        "a graph writes",
+        victim, f.victim.capture);
+  }
+  if (f.writer.sequence == 0) {
+    return absl::StrFormat(
+        "%s writes memory that no block held when it was captured (a stale pointer): "
+        "capture only launches whose buffers are live",
+        f.graph_label);
+  }
+  return absl::StrFormat(
+      "%s still writes through %s, which was freed after the capture: keep %s alive while %s "
+      "can replay, or destroy the graph before freeing it",
+      f.graph_label, name_of(f.writer), name_of(f.writer), f.graph_label);
+}
+
+void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
+                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
+  // One finding per writer block, with the overlap's bounding range.
+  absl::flat_hash_map<std::uint64_t, std::size_t> by_writer;
+  for (std::size_t i : candidates) {
+    const RecordedWrite& w = r.record.writes[i];
+    if (w.writer.sequence == victim.sequence && victim.sequence != 0) continue;
+    const MemorySpan overlap = intersect(w.span, victim.span());
+    if (overlap.bytes == 0) continue;
+    if (w.evidence != WriteEvidence::kFootprint &&
+        rewritten_by_victim(r, victim, overlap, w.position)) {
+      continue;
+    }
+    auto [it, fresh] = by_writer.try_emplace(w.writer.sequence, out.size());
+    if (fresh) {
+      Finding f;
+      f.graph = r.record.graph;
+      f.graph_label = r.record.label;
+      f.capture = r.record.capture;
+      f.severity = classify(r.record, victim);
+      f.evidence = w.evidence;
+      f.writer = w.writer;
+      f.write_position = w.position;
+      f.write_op = w.op;
+      f.victim = victim;
+      f.overlap = overlap;
+      out.push_back(std::move(f));
+      continue;
+    }
+    Finding& f = out[it->second];
+    const std::uintptr_t begin = std::min(f.overlap.begin(), overlap.begin());
+    const std::uintptr_t end = std::max(f.overlap.end(), overlap.end());
+    f.overlap = {reinterpret_cast<const void*>(begin), end - begin};
+    f.write_position = std::min(f.write_position, w.position);
+  }
+}
+
+}  // namespace capalloc::detail

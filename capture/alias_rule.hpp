@@ -1,0 +1,62 @@
+// capture/alias_rule.hpp: the alias rule (DESIGN.md section 5) and the index
+// that finds, for a block, the graph writes that land on it.
+//
+// Graph G clobbers live block B when G's record holds a write to a range
+// overlapping B made through another block's identity, and (with declared or
+// inspected evidence) G does not write that range again through B itself
+// later in the same replay. One finding is made per (graph, victim, writer).
+#ifndef CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
+#define CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "capalloc/capture.hpp"
+
+namespace capalloc::detail {
+
+// A write record with its writes grouped by the block written through.
+struct IndexedRecord {
+  WriteRecord record;
+  absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> by_writer;
+
+  explicit IndexedRecord(WriteRecord r);
+  // Indices of the writes overlapping `span`. O(writes).
+  std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+};
+
+// Every graph's writes by address, per device.
+class WriteIndex {
+ public:
+  void add(const IndexedRecord& record);
+  void remove(const IndexedRecord& record);
+  // (graph, write index) of every write overlapping `span` on `device`.
+  std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
+
+ private:
+  struct Entry {
+    GraphHandle graph;
+    std::size_t write;
+    std::uintptr_t end;
+  };
+  struct DeviceWrites {
+    absl::btree_multimap<std::uintptr_t, Entry> by_begin;
+    std::size_t longest = 0;
+  };
+  absl::flat_hash_map<int, DeviceWrites> devices_;
+};
+
+// Appends the findings of `record` against `victim`, considering the writes
+// `candidates` (indices into record.writes overlapping the victim).
+void find_clobbers(const IndexedRecord& record, const BlockRef& victim,
+                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out);
+
+Severity classify(const WriteRecord& record, const BlockRef& victim);
+std::string fix_for(const Finding& finding);
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_CAPTURE_ALIAS_RULE_HPP_

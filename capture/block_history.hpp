@@ -1,0 +1,65 @@
+// capture/block_history.hpp: every block the tracker has seen occupy device
+// memory, so that a write can be tied to the block it went through and a
+// finding can show the reuse chain that led to it.
+//
+// Blocks enter the history when the allocator reports them (allocations and
+// frees made while a capture is active) and when the tracker meets a live
+// block otherwise (a block allocated outside captures that a graph writes).
+// Each occupant keeps its allocation (capture and position) and, once freed,
+// when: the capture and position of the free, and the tracker's tick, a
+// counter that orders all events the tracker saw.
+//
+// Cost: add and free are O(log n); `overlapping` is O(log n + k + w) where w
+// counts occupants starting within the longest occupant's length before the
+// span. Not thread-safe; the tracker locks around it.
+#ifndef CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
+#define CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "capalloc/capture.hpp"
+
+namespace capalloc::detail {
+
+struct Occupant {
+  BlockRef block;
+  std::uint64_t alloc_tick = 0;  // 0: allocated before the tracker saw it
+  std::uint64_t free_tick = 0;   // 0: live (as far as the tracker knows)
+  CaptureId freed_in_capture = 0;
+  std::size_t freed_at = 0;
+
+  bool live() const { return free_tick == 0; }
+  ChainLink link() const {
+    return {block, live(), freed_in_capture, freed_at};
+  }
+};
+
+class BlockHistory {
+ public:
+  // Records an allocation at `alloc_tick` (0 for a block first met live,
+  // allocated before the tracker looked). Idempotent per block.
+  Occupant& note(int device, const BlockRef& block, std::uint64_t alloc_tick);
+  // Records a free; a block never noted is noted first.
+  void freed(int device, const BlockRef& block, std::uint64_t free_tick, CaptureId capture,
+             std::size_t position);
+
+  const Occupant* find(std::uint64_t sequence) const;
+  // Occupants of `device` whose range overlaps `span`, in allocation order.
+  std::vector<const Occupant*> overlapping(int device, MemorySpan span) const;
+
+ private:
+  struct DeviceIndex {
+    absl::btree_multimap<std::uintptr_t, std::size_t> by_address;  // begin -> occupant
+    std::size_t longest = 0;
+  };
+  std::vector<Occupant> occupants_;
+  absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
+  absl::flat_hash_map<int, DeviceIndex> devices_;
+};
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_

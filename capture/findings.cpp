@@ -1,0 +1,182 @@
+// capture/findings.cpp: how findings read, as text and as JSON (the schema
+// is documented in docs/findings.md), and the JSON writer's details.
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/format.hpp"
+#include "capalloc/capture.hpp"
+#include "capture/findings.hpp"
+#include "capture/json_writer.hpp"
+
+namespace capalloc {
+
+namespace detail {
+
+JsonWriter& JsonWriter::value(double v) {
+  separate();
+  if (!std::isfinite(v)) {
+    out_ += "null";
+  } else {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    out_ += buf;
+  }
+  return *this;
+}
+
+JsonWriter& JsonWriter::pointer(const void* p) {
+  return value(absl::StrFormat("%p", p == nullptr ? reinterpret_cast<const void*>(0) : p));
+}
+
+void JsonWriter::string(std::string_view s) {
+  out_ += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out_ += "\\\"";
+        break;
+      case '\\':
+        out_ += "\\\\";
+        break;
+      case '\n':
+        out_ += "\\n";
+        break;
+      case '\t':
+        out_ += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out_ += absl::StrFormat("\\u%04x", static_cast<int>(c));
+        } else {
+          out_ += c;
+        }
+    }
+  }
+  out_ += '"';
+}
+
+namespace {
+
+std::string describe_block(const BlockRef& b) {
+  if (b.sequence == 0) return "memory no block held at capture time";
+  std::string where = b.capture == 0
+                          ? std::string("outside any capture")
+                          : absl::StrFormat("in capture %d at position %d", b.capture,
+                                            b.capture_position);
+  return absl::StrFormat("'%s' (block #%d, %s, %s at %p, allocated %s)",
+                         b.tag.empty() ? "untagged" : b.tag, b.sequence,
+                         b.lifetime == Lifetime::kPersistent ? "persistent" : "transient",
+                         bytes(static_cast<std::uint64_t>(b.size)), b.ptr, where);
+}
+
+void write_block(JsonWriter& j, const BlockRef& b) {
+  j.begin_object();
+  j.field("sequence", b.sequence);
+  j.field("tag", b.tag);
+  j.key("ptr").pointer(b.ptr);
+  j.field("size", static_cast<std::uint64_t>(b.size));
+  j.field("lifetime", b.lifetime == Lifetime::kPersistent ? "persistent" : "transient");
+  j.field("pool", b.pool);
+  j.field("capture", b.capture);
+  j.field("capture_position", static_cast<std::uint64_t>(b.capture_position));
+  j.end_object();
+}
+
+}  // namespace
+
+void write_finding(JsonWriter& j, const Finding& f) {
+  j.begin_object();
+  j.field("graph", f.graph);
+  j.field("graph_label", f.graph_label);
+  j.field("capture", f.capture);
+  j.field("severity", severity_name(f.severity));
+  j.field("evidence", evidence_name(f.evidence));
+  j.key("writer");
+  write_block(j, f.writer);
+  j.field("write_position", static_cast<std::uint64_t>(f.write_position));
+  j.field("write_op", f.write_op);
+  j.key("victim");
+  write_block(j, f.victim);
+  j.key("overlap").begin_object();
+  j.key("begin").pointer(f.overlap.ptr);
+  j.field("bytes", static_cast<std::uint64_t>(f.overlap.bytes));
+  j.end_object();
+  j.key("reuse_chain").begin_array();
+  for (const ChainLink& link : f.reuse_chain) {
+    j.begin_object();
+    j.key("block");
+    write_block(j, link.block);
+    j.field("live", link.live);
+    j.field("freed_in_capture", link.freed_in_capture);
+    j.field("freed_at", static_cast<std::uint64_t>(link.freed_at));
+    j.end_object();
+  }
+  j.end_array();
+  j.field("fix", f.fix);
+  j.end_object();
+}
+
+}  // namespace detail
+
+BlockRef BlockRef::from(const BlockInfo& info) {
+  BlockRef b;
+  b.sequence = info.sequence;
+  b.tag = info.tag;
+  b.ptr = info.ptr;
+  b.size = info.size;
+  b.lifetime = info.lifetime;
+  b.pool = info.pool;
+  b.capture = info.capture;
+  b.capture_position = info.capture_position;
+  return b;
+}
+
+const char* severity_name(Severity severity) {
+  return severity == Severity::kHazard ? "hazard" : "cross_graph_output";
+}
+
+const char* evidence_name(WriteEvidence evidence) {
+  switch (evidence) {
+    case WriteEvidence::kDeclared:
+      return "declared";
+    case WriteEvidence::kInspected:
+      return "inspected";
+    case WriteEvidence::kFootprint:
+      return "footprint";
+  }
+  return "?";
+}
+
+std::string Finding::summary() const {
+  std::string chain;
+  for (const ChainLink& link : reuse_chain) {
+    absl::StrAppend(&chain, chain.empty() ? "" : " -> ", "#", link.block.sequence, " '",
+                    link.block.tag, "'",
+                    link.live ? " (live)"
+                              : absl::StrFormat(" (freed%s)",
+                                                link.freed_in_capture == 0
+                                                    ? std::string()
+                                                    : absl::StrFormat(" in capture %d at %d",
+                                                                      link.freed_in_capture,
+                                                                      link.freed_at)));
+  }
+  return absl::StrFormat(
+      "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s at "
+      "capture position %d, %s evidence). Reuse chain: %s. Fix: %s.",
+      severity_name(severity), graph_label, capture, detail::describe_block(victim),
+      detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
+      detail::describe_block(writer), write_op, write_position, evidence_name(evidence),
+      chain.empty() ? "-" : chain, fix);
+}
+
+std::string findings_to_json(const std::vector<Finding>& findings) {
+  detail::JsonWriter j;
+  j.begin_array();
+  for (const Finding& f : findings) detail::write_finding(j, f);
+  j.end_array();
+  return j.str();
+}
+
+}  // namespace capalloc

@@ -1,0 +1,67 @@
+// capture/write_record.cpp: see write_record.hpp.
+#include "capture/write_record.hpp"
+
+#include <algorithm>
+
+namespace capalloc::detail {
+
+bool occupied_at(const Occupant& o, const CaptureWindow& window, std::size_t position) {
+  const bool freed_before = o.freed_in_capture == window.capture && o.freed_at <= position;
+  if (o.block.capture == window.capture) {
+    // Allocated in this capture: from its allocation position until its free.
+    return o.block.capture_position <= position && !freed_before;
+  }
+  // Allocated before the capture (by another capture or none), and not freed
+  // before it began. A block another capture allocated after this one began
+  // was in another pool, or in a shared pool after this capture freed the
+  // memory: it does not hold memory this capture writes.
+  if (o.block.capture != 0 && o.alloc_tick > window.begin_tick) return false;
+  if (o.live()) return true;
+  return o.free_tick > window.begin_tick && !freed_before;
+}
+
+void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWindow& window,
+                         const BlockHistory& history, WriteRecord& record) {
+  WriteEvidence weakest = WriteEvidence::kDeclared;
+  for (const GraphWrite& w : writes) {
+    weakest = std::max(weakest, w.evidence);
+    std::vector<MemorySpan> covered;
+    for (const Occupant* o : history.overlapping(window.device, w.span)) {
+      if (!occupied_at(*o, window, w.position)) continue;
+      const std::uintptr_t begin = std::max(w.span.begin(), o->block.span().begin());
+      const std::uintptr_t end = std::min(w.span.end(), o->block.span().end());
+      const MemorySpan piece{reinterpret_cast<const void*>(begin), end - begin};
+      record.writes.push_back({piece, o->block, w.position, w.op, w.evidence});
+      covered.push_back(piece);
+    }
+    // What no block held is written through no block.
+    std::sort(covered.begin(), covered.end(),
+              [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+    std::uintptr_t at = w.span.begin();
+    auto gap = [&](std::uintptr_t end) {
+      if (end > at) {
+        record.writes.push_back(
+            {{reinterpret_cast<const void*>(at), end - at}, BlockRef{}, w.position, w.op, w.evidence});
+      }
+    };
+    for (const MemorySpan& piece : covered) {
+      gap(piece.begin());
+      at = std::max(at, piece.end());
+    }
+    gap(w.span.end());
+  }
+  record.precision = weakest;
+}
+
+void add_footprint_writes(const std::vector<std::uint64_t>& allocated, const BlockHistory& history,
+                          WriteRecord& record) {
+  for (std::uint64_t sequence : allocated) {
+    const Occupant* o = history.find(sequence);
+    if (o == nullptr) continue;
+    record.writes.push_back({o->block.span(), o->block, o->block.capture_position, "footprint",
+                             WriteEvidence::kFootprint});
+  }
+  record.precision = WriteEvidence::kFootprint;
+}
+
+}  // namespace capalloc::detail

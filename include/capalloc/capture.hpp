@@ -1,0 +1,176 @@
+// capalloc/capture.hpp: graph capture through capalloc, the write record of
+// each graph, and the alias check that runs before any replay.
+//
+// A CaptureTracker wraps an Allocator. Captures begun through it allocate
+// into a graph pool (a private one, or a shared pool handle as vLLM uses one
+// across batch sizes). At the end of each capture the tracker builds the
+// graph's write record (which address ranges its replays write, through which
+// block) and evaluates the alias rule against every live block: a graph
+// *clobbers* a live block when it writes the block's range through another
+// block's identity and, with declared writes, does not itself write the block
+// afterwards. Findings are reported then, before any replay, again by the
+// replay guard before each replay launched through the tracker, and on demand.
+//
+// Example (seed 003, arm A):
+//
+//   auto tracker = capalloc::CaptureTracker::create(*allocator).value();
+//   tracker->begin_capture(0, stream).value();
+//   ... allocate T, launch kernels writing T, free T, allocate WS ...
+//   auto done = tracker->end_capture(stream).value();
+//   for (const auto& f : done.new_findings) std::puts(f.summary().c_str());
+//   tracker->replay(done.graph, stream);  // warns, or refuses in strict mode
+//
+// Thread safety: all methods may be called concurrently. The tracker must be
+// destroyed before its allocator.
+#ifndef CAPALLOC_CAPTURE_HPP_
+#define CAPALLOC_CAPTURE_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capalloc/allocator.hpp"
+#include "capalloc/export.h"
+#include "capalloc/runtime.hpp"
+
+namespace capalloc {
+
+// How bad a finding is. Same-graph clobbering, clobbering of a persistent
+// block and of a block allocated outside any capture are hazards; a graph
+// overwriting another graph's output in a shared pool is vLLM's normal
+// pattern (outputs are read before the next replay) and reported lower.
+enum class Severity { kHazard, kCrossGraphOutput };
+
+// A block as records and findings name it: its identity is `sequence`.
+struct BlockRef {
+  std::uint64_t sequence = 0;  // 0: no block (memory not allocated at the time)
+  std::string tag;
+  const void* ptr = nullptr;
+  std::size_t size = 0;
+  Lifetime lifetime = Lifetime::kTransient;
+  PoolHandle pool = kDefaultPool;
+  CaptureId capture = 0;  // allocated during this capture (0: outside any)
+  std::size_t capture_position = 0;
+
+  MemorySpan span() const { return {ptr, size}; }
+  static BlockRef from(const BlockInfo& info);
+};
+
+// One write a graph's replays make.
+struct RecordedWrite {
+  MemorySpan span;
+  BlockRef writer;            // the block the write went through
+  std::size_t position = 0;   // capture position of the writing node
+  std::string op;             // kernel name, "memset", "memcpy" or "footprint"
+  WriteEvidence evidence = WriteEvidence::kDeclared;
+};
+
+struct WriteRecord {
+  GraphHandle graph = 0;
+  std::string label;
+  CaptureId capture = 0;
+  int device = 0;
+  PoolHandle pool = kDefaultPool;
+  WriteEvidence precision = WriteEvidence::kFootprint;  // the weakest evidence in it
+  std::vector<RecordedWrite> writes;
+};
+
+// One occupant of an address range, in allocation order.
+struct ChainLink {
+  BlockRef block;
+  bool live = false;
+  CaptureId freed_in_capture = 0;  // when freed during a capture
+  std::size_t freed_at = 0;        // ... at this capture position
+};
+
+struct Finding {
+  GraphHandle graph = 0;
+  std::string graph_label;
+  CaptureId capture = 0;
+  Severity severity = Severity::kHazard;
+  WriteEvidence evidence = WriteEvidence::kDeclared;
+  BlockRef writer;
+  std::size_t write_position = 0;
+  std::string write_op;
+  BlockRef victim;
+  MemorySpan overlap;
+  std::vector<ChainLink> reuse_chain;
+  std::string fix;
+
+  // One paragraph for logs and the CLI.
+  std::string summary() const;
+};
+
+// Findings as a JSON array (schema in docs/findings.md).
+CAPALLOC_API std::string findings_to_json(const std::vector<Finding>& findings);
+CAPALLOC_API const char* severity_name(Severity severity);
+CAPALLOC_API const char* evidence_name(WriteEvidence evidence);
+
+struct TrackerOptions {
+  // Refuse replays of graphs with hazard findings (kFailedPrecondition)
+  // instead of logging a warning.
+  bool strict = false;
+  // Reads CAPALLOC_STRICT (0|1).
+  static absl::StatusOr<TrackerOptions> from_env();
+};
+
+struct CaptureOptions {
+  // Shared graph pool to allocate into; kDefaultPool: a private pool.
+  PoolHandle pool = kDefaultPool;
+  CaptureMode mode = CaptureMode::kGlobal;
+  std::string label;  // names the graph in findings; default "graph <handle>"
+};
+
+struct CaptureResult {
+  GraphHandle graph = 0;
+  std::vector<Finding> new_findings;  // found at capture end, before any replay
+};
+
+class CAPALLOC_API CaptureTracker {
+ public:
+  static absl::StatusOr<std::unique_ptr<CaptureTracker>> create(Allocator& allocator,
+                                                                TrackerOptions options = {});
+  ~CaptureTracker();
+  CaptureTracker(const CaptureTracker&) = delete;
+  CaptureTracker& operator=(const CaptureTracker&) = delete;
+
+  // Begins a capture on `stream` (of `device`). Errors: the runtime's (stream
+  // already capturing, default stream), kNotFound for an unknown pool.
+  absl::StatusOr<CaptureId> begin_capture(int device, StreamHandle stream,
+                                          CaptureOptions options = {});
+  // Ends the capture begun on `stream`, builds the graph's write record and
+  // runs the alias check. If the runtime refuses (invalidated or unjoined
+  // capture), returns its error; the allocator stays consistent, blocks
+  // allocated in the capture stay live and accounted in the graph pool.
+  absl::StatusOr<CaptureResult> end_capture(StreamHandle stream);
+
+  // The replay guard: checks the graph against the live blocks, then launches
+  // it. Hazards are logged (default) or refuse the replay (strict mode).
+  absl::Status replay(GraphHandle graph, StreamHandle stream);
+  absl::Status destroy_graph(GraphHandle graph);
+
+  // Findings of one graph, or of every graph, against the live blocks now.
+  absl::StatusOr<std::vector<Finding>> check_graph(GraphHandle graph);
+  std::vector<Finding> check();
+
+  absl::StatusOr<WriteRecord> write_record(GraphHandle graph) const;
+  // Every block known to have occupied part of `span`, in allocation order.
+  std::vector<ChainLink> reuse_chain(int device, MemorySpan span);
+
+  Allocator& allocator() const;
+  bool strict() const;
+  void set_strict(bool strict);
+
+ private:
+  struct Impl;
+  explicit CaptureTracker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_CAPTURE_HPP_
