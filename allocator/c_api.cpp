@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/global.hpp"
-#include "allocator/log.hpp"
+#include "allocator/runtime/log.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capalloc.h"
 

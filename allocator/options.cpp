@@ -1,5 +1,4 @@
-// allocator/options.cpp: the environment overrides of AllocatorOptions, and
-// the library's logger.
+// allocator/options.cpp: the environment overrides of AllocatorOptions.
 //
 // Every option has one CAPALLOC_* variable; an unparsable value is an error
 // that names the variable rather than a silent fallback to the default.
@@ -10,34 +9,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/log.hpp"
 #include "capalloc/allocator.hpp"
-#include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace capalloc {
 
-namespace detail {
-
-spdlog::logger& log() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = spdlog::stderr_color_mt("capalloc");
-    l->set_level(spdlog::level::warn);
-    if (const char* level = std::getenv("CAPALLOC_LOG_LEVEL"); level != nullptr && *level) {
-      const auto parsed = spdlog::level::from_str(level);
-      // from_str maps unknown names to "off"; only accept what was asked for.
-      if (parsed != spdlog::level::off || std::string(level) == "off") {
-        l->set_level(parsed);
-      } else {
-        l->warn("CAPALLOC_LOG_LEVEL='{}' is not one of trace|debug|info|warn|error|off", level);
-      }
-    }
-    l->set_pattern("[capalloc %l] %v");
-    return l;
-  }();
-  return *logger;
-}
-
-}  // namespace detail
 
 absl::StatusOr<AllocatorOptions> AllocatorOptions::from_env() {
   AllocatorOptions options;

@@ -71,10 +71,13 @@ void WriteIndex::add(const IndexedRecord& r) {
 void WriteIndex::remove(const IndexedRecord& r) {
   auto d = devices_.find(r.record.device);
   if (d == devices_.end()) return;
+  auto& by_begin = d->second.by_begin;
   for (const RecordedWrite& w : r.record.writes) {
-    auto [first, last] = d->second.by_begin.equal_range(w.span.begin());
-    for (auto it = first; it != last;) {
-      it = it->second.graph == r.record.graph ? d->second.by_begin.erase(it) : std::next(it);
+    // A btree erase invalidates every other iterator: compare keys, not an
+    // end iterator taken before the erase.
+    for (auto it = by_begin.lower_bound(w.span.begin());
+         it != by_begin.end() && it->first == w.span.begin();) {
+      it = it->second.graph == r.record.graph ? by_begin.erase(it) : std::next(it);
     }
   }
 }

@@ -22,6 +22,8 @@ JsonWriter& JsonWriter::value(double v) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.17g", v);
     out_ += buf;
+    // Keep integral values recognisably floating point: 6.0, not 6.
+    if (std::string_view(buf).find_first_of(".eEn") == std::string_view::npos) out_ += ".0";
   }
   return *this;
 }

@@ -1,49 +1,60 @@
 // tools/capalloc_cli.cpp: the `capalloc` command-line tool.
 //
+//   capalloc arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]
+//       seed 003's four aliasing arms with capalloc as the allocator, and the fix
 //   capalloc describe [--runtime host|cuda|hip|auto]
 //       the allocator's self-description, after a small exercise
-//       (allocate, free, cross-stream free, empty_cache) with stats
 //
-// Each sub-command lives in its own function; exit status 0 on success, 1 on
-// a failure of the thing run, 2 on a usage error.
+// Exit status: 0 on success (for scenarios: every observation matched the
+// seed), 1 on a failure or a mismatch, 2 on a usage error.
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/runtime.hpp"
+#include "tools/cli.hpp"
+
+namespace capalloc::cli {
 
 namespace {
 
-int usage(FILE* out) {
-  std::fprintf(out,
-               "usage: capalloc <command> [options]\n"
-               "commands:\n"
-               "  describe [--runtime host|cuda|hip|auto]   self-description and stats\n");
-  return out == stderr ? 2 : 0;
-}
+const char* const kUsage =
+    "usage: capalloc <command> [options]\n"
+    "commands:\n"
+    "  arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
+    "      replay seed 003's four aliasing arms with capalloc as the allocator, then the fix\n"
+    "  describe [--runtime host|cuda|hip|auto]\n"
+    "      the allocator's self-description and stats after a small exercise\n";
+
+}  // namespace
 
 int fail(const absl::Status& s) {
   std::fprintf(stderr, "capalloc: %s\n", s.ToString().c_str());
   return 1;
 }
 
-int describe(const std::vector<std::string>& args) {
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "capalloc: %s\n%s", message.c_str(), kUsage);
+  return 2;
+}
+
+int describe_command(const Args& args) {
   std::string runtime_name = "auto";
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--runtime" && i + 1 < args.size()) {
       runtime_name = args[++i];
     } else {
-      return usage(stderr);
+      return usage_error("describe: unknown argument '" + args[i] + "'");
     }
   }
-  auto runtime = capalloc::make_runtime(runtime_name);
+  auto runtime = make_runtime(runtime_name);
   if (!runtime.ok()) return fail(runtime.status());
-  auto allocator = capalloc::Allocator::create(*runtime);
+  auto allocator = Allocator::create(*runtime);
   if (!allocator.ok()) return fail(allocator.status());
-  capalloc::Allocator& a = **allocator;
-  capalloc::DeviceRuntime& rt = **runtime;
+  Allocator& a = **allocator;
+  DeviceRuntime& rt = **runtime;
 
   // A small exercise so the stats show every path: two streams, a block
   // used on both, a free that waits on the other stream's event.
@@ -51,7 +62,7 @@ int describe(const std::vector<std::string>& args) {
   if (!side.ok()) return fail(side.status());
   std::vector<void*> blocks;
   for (std::size_t size : {std::size_t{512}, std::size_t{1} << 20, std::size_t{12} << 20}) {
-    auto p = a.allocate(size, 0, capalloc::kDefaultStream, {.tag = "demo"});
+    auto p = a.allocate(size, 0, kDefaultStream, {.tag = "demo"});
     if (!p.ok()) return fail(p.status());
     blocks.push_back(*p);
   }
@@ -67,14 +78,20 @@ int describe(const std::vector<std::string>& args) {
   return 0;
 }
 
-}  // namespace
+}  // namespace capalloc::cli
 
 int main(int argc, char** argv) {
-  if (argc < 2) return usage(stderr);
+  using namespace capalloc::cli;
+  // The CLI prints findings itself; the log repeats them only when asked.
+  if (std::getenv("CAPALLOC_LOG_LEVEL") == nullptr) capalloc::set_log_level("error").IgnoreError();
+  if (argc < 2) return usage_error("no command given");
   const std::string command = argv[1];
-  const std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "describe") return describe(args);
-  if (command == "help" || command == "--help" || command == "-h") return usage(stdout);
-  std::fprintf(stderr, "capalloc: unknown command '%s'\n", command.c_str());
-  return usage(stderr);
+  const Args args(argv + 2, argv + argc);
+  if (command == "arms") return arms_command(args);
+  if (command == "describe") return describe_command(args);
+  if (command == "help" || command == "--help" || command == "-h") {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  return usage_error("unknown command '" + command + "'");
 }

@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/runtime/host_runtime.hpp"
 #include "capalloc/runtime.hpp"
-#include "spdlog/spdlog.h"
+#include "allocator/runtime/log.hpp"
 
 namespace capalloc {
 
@@ -24,8 +24,9 @@ absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(
 absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_runtime(std::string_view kind) {
   if (kind == "host") return make_host_runtime();
   if (kind == "auto") {
-    spdlog::info("capalloc: runtime 'auto': no GPU runtime (cuda, hip) is built into this "
-                 "library; using the host runtime");
+    detail::log().info(
+        "runtime 'auto': no GPU runtime (cuda, hip) is built into this library; using the host "
+        "runtime");
     return make_host_runtime();
   }
   if (kind == "cuda" || kind == "hip") {

@@ -205,6 +205,10 @@ CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(
 // runtime that is not built into this library: kUnavailable.
 CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_runtime(std::string_view kind);
 
+// capalloc's log level: trace, debug, info, warn (the default: findings and
+// errors only), error or off. CAPALLOC_LOG_LEVEL sets it at start-up.
+CAPALLOC_API absl::Status set_log_level(std::string_view level);
+
 }  // namespace capalloc
 
 #endif  // CAPALLOC_RUNTIME_HPP_
