@@ -125,8 +125,10 @@ std::string fix_for(const Finding& f) {
 
 void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
                    const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
-  // One finding per writer block, with the overlap's bounding range.
-  absl::flat_hash_map<std::uint64_t, std::size_t> by_writer;
+  // One finding per (graph, victim). Its writer is the last clobbering write
+  // in capture order (whose data a replay leaves behind); its overlap is the
+  // bounding range of all of them.
+  Finding* f = nullptr;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
     if (w.writer.sequence == victim.sequence && victim.sequence != 0) continue;
@@ -136,27 +138,27 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
         rewritten_by_victim(r, victim, overlap, w.position)) {
       continue;
     }
-    auto [it, fresh] = by_writer.try_emplace(w.writer.sequence, out.size());
-    if (fresh) {
-      Finding f;
-      f.graph = r.record.graph;
-      f.graph_label = r.record.label;
-      f.capture = r.record.capture;
-      f.severity = classify(r.record, victim);
-      f.evidence = w.evidence;
-      f.writer = w.writer;
-      f.write_position = w.position;
-      f.write_op = w.op;
-      f.victim = victim;
-      f.overlap = overlap;
-      out.push_back(std::move(f));
-      continue;
+    if (f == nullptr) {
+      out.emplace_back();
+      f = &out.back();
+      f->graph = r.record.graph;
+      f->graph_label = r.record.label;
+      f->capture = r.record.capture;
+      f->severity = classify(r.record, victim);
+      f->victim = victim;
+      f->overlap = overlap;
+    } else {
+      const std::uintptr_t begin = std::min(f->overlap.begin(), overlap.begin());
+      const std::uintptr_t end = std::max(f->overlap.end(), overlap.end());
+      f->overlap = {reinterpret_cast<const void*>(begin), end - begin};
     }
-    Finding& f = out[it->second];
-    const std::uintptr_t begin = std::min(f.overlap.begin(), overlap.begin());
-    const std::uintptr_t end = std::max(f.overlap.end(), overlap.end());
-    f.overlap = {reinterpret_cast<const void*>(begin), end - begin};
-    f.write_position = std::min(f.write_position, w.position);
+    ++f->clobbering_writes;
+    if (f->clobbering_writes == 1 || w.position >= f->write_position) {
+      f->evidence = w.evidence;
+      f->writer = w.writer;
+      f->write_position = w.position;
+      f->write_op = w.op;
+    }
   }
 }
 

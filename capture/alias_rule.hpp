@@ -4,7 +4,7 @@
 // Graph G clobbers live block B when G's record holds a write to a range
 // overlapping B made through another block's identity, and (with declared or
 // inspected evidence) G does not write that range again through B itself
-// later in the same replay. One finding is made per (graph, victim, writer).
+// later in the same replay. One finding is made per (graph, victim).
 #ifndef CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 #define CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 

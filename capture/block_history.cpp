@@ -5,6 +5,29 @@
 
 namespace capalloc::detail {
 
+void BlockHistory::AddressIndex::add(std::uintptr_t begin, std::size_t size, std::size_t index) {
+  by_begin.emplace(begin, index);
+  longest = std::max(longest, size);
+}
+
+void BlockHistory::AddressIndex::remove(std::uintptr_t begin, std::size_t index) {
+  for (auto it = by_begin.lower_bound(begin); it != by_begin.end() && it->first == begin; ++it) {
+    if (it->second == index) {
+      by_begin.erase(it);
+      return;
+    }
+  }
+}
+
+template <typename F>
+void BlockHistory::AddressIndex::for_overlapping(MemorySpan span, F&& visit) const {
+  if (span.bytes == 0) return;
+  const std::uintptr_t from = span.begin() > longest ? span.begin() - longest : 0;
+  for (auto it = by_begin.lower_bound(from); it != by_begin.end() && it->first < span.end(); ++it) {
+    visit(it->second);
+  }
+}
+
 Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick) {
   if (auto it = by_sequence_.find(block.sequence); it != by_sequence_.end()) {
     return occupants_[it->second];
@@ -12,18 +35,52 @@ Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t al
   const std::size_t index = occupants_.size();
   occupants_.push_back(Occupant{block, alloc_tick});
   by_sequence_.emplace(block.sequence, index);
+  device_of_.emplace(block.sequence, device);
   DeviceIndex& d = devices_[device];
-  d.by_address.emplace(block.span().begin(), index);
-  d.longest = std::max(d.longest, block.size);
+  d.all.add(block.span().begin(), block.size, index);
+  d.live.add(block.span().begin(), block.size, index);
   return occupants_[index];
 }
 
 void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_tick,
                          CaptureId capture, std::size_t position) {
-  Occupant& o = note(device, block, 0);
+  note(device, block, 0);
+  const std::size_t index = by_sequence_.at(block.sequence);
+  Occupant& o = occupants_[index];
+  if (!o.live()) return;  // already recorded
   o.free_tick = free_tick;
   o.freed_in_capture = capture;
   o.freed_at = position;
+  DeviceIndex& d = devices_[device];
+  d.live.remove(block.span().begin(), index);
+  d.freed.push_back(index);
+}
+
+void BlockHistory::rebuild(std::vector<Occupant> occupants) {
+  // Frees keep their order: sort the freed ones by tick when re-listing.
+  occupants_ = std::move(occupants);
+  by_sequence_.clear();
+  absl::flat_hash_map<std::uint64_t, int> device_of;
+  devices_.clear();
+  std::vector<std::size_t> freed;
+  for (std::size_t i = 0; i < occupants_.size(); ++i) {
+    const Occupant& o = occupants_[i];
+    const int device = device_of_.at(o.block.sequence);
+    device_of.emplace(o.block.sequence, device);
+    by_sequence_.emplace(o.block.sequence, i);
+    DeviceIndex& d = devices_[device];
+    d.all.add(o.block.span().begin(), o.block.size, i);
+    if (o.live()) {
+      d.live.add(o.block.span().begin(), o.block.size, i);
+    } else {
+      freed.push_back(i);
+    }
+  }
+  std::sort(freed.begin(), freed.end(), [&](std::size_t a, std::size_t b) {
+    return occupants_[a].free_tick < occupants_[b].free_tick;
+  });
+  for (std::size_t i : freed) devices_[device_of.at(occupants_[i].block.sequence)].freed.push_back(i);
+  device_of_ = std::move(device_of);
 }
 
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
@@ -34,17 +91,31 @@ const Occupant* BlockHistory::find(std::uint64_t sequence) const {
 std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan span) const {
   std::vector<const Occupant*> out;
   auto d = devices_.find(device);
-  if (d == devices_.end() || span.bytes == 0) return out;
-  const std::uintptr_t from =
-      span.begin() > d->second.longest ? span.begin() - d->second.longest : 0;
-  for (auto it = d->second.by_address.lower_bound(from);
-       it != d->second.by_address.end() && it->first < span.end(); ++it) {
-    const Occupant& o = occupants_[it->second];
-    if (o.block.span().overlaps(span)) out.push_back(&o);
-  }
+  if (d == devices_.end()) return out;
+  d->second.all.for_overlapping(span, [&](std::size_t i) {
+    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+  });
   std::sort(out.begin(), out.end(), [](const Occupant* a, const Occupant* b) {
     return a->block.sequence < b->block.sequence;
   });
+  return out;
+}
+
+std::vector<const Occupant*> BlockHistory::candidates_since(int device, MemorySpan span,
+                                                           std::uint64_t tick) const {
+  std::vector<const Occupant*> out;
+  auto d = devices_.find(device);
+  if (d == devices_.end()) return out;
+  d->second.live.for_overlapping(span, [&](std::size_t i) {
+    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+  });
+  // Frees are recorded in tick order: walk back from the newest.
+  const auto& freed = d->second.freed;
+  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
+    const Occupant& o = occupants_[*it];
+    if (o.free_tick <= tick) break;
+    if (o.block.span().overlaps(span)) out.push_back(&o);
+  }
   return out;
 }
 

@@ -47,17 +47,50 @@ class BlockHistory {
              std::size_t position);
 
   const Occupant* find(std::uint64_t sequence) const;
-  // Occupants of `device` whose range overlaps `span`, in allocation order.
+  // Every occupant of `device` whose range ever overlapped `span`, in
+  // allocation order (for reuse chains: the whole history of the range).
   std::vector<const Occupant*> overlapping(int device, MemorySpan span) const;
+  // Occupants that may have held part of `span` at some point after `tick`:
+  // the live ones, and those freed after `tick`. Unordered. Cost does not
+  // grow with the history of the range, only with what is live or recent.
+  std::vector<const Occupant*> candidates_since(int device, MemorySpan span,
+                                                std::uint64_t tick) const;
+
+  // Drops every occupant `keep` rejects; live occupants are always kept.
+  // O(occupants). Returns how many remain.
+  template <typename Keep>
+  std::size_t prune(Keep&& keep) {
+    std::vector<Occupant> kept;
+    for (Occupant& o : occupants_) {
+      if (o.live() || keep(o)) kept.push_back(std::move(o));
+    }
+    rebuild(std::move(kept));
+    return occupants_.size();
+  }
+  std::size_t size() const { return occupants_.size(); }
 
  private:
-  struct DeviceIndex {
-    absl::btree_multimap<std::uintptr_t, std::size_t> by_address;  // begin -> occupant
+  // Occupants by start address, with the longest length among them, so that
+  // an overlap query scans only [begin - longest, end).
+  struct AddressIndex {
+    absl::btree_multimap<std::uintptr_t, std::size_t> by_begin;
     std::size_t longest = 0;
+    void add(std::uintptr_t begin, std::size_t size, std::size_t index);
+    void remove(std::uintptr_t begin, std::size_t index);
+    template <typename F>
+    void for_overlapping(MemorySpan span, F&& visit) const;
   };
+  struct DeviceIndex {
+    AddressIndex all;   // every occupant ever noted
+    AddressIndex live;  // occupants not freed
+    std::vector<std::size_t> freed;  // occupants in the order they were freed
+  };
+  void rebuild(std::vector<Occupant> occupants);
+
   std::vector<Occupant> occupants_;
   absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
   absl::flat_hash_map<int, DeviceIndex> devices_;
+  absl::flat_hash_map<std::uint64_t, int> device_of_;  // sequence -> device
 };
 
 }  // namespace capalloc::detail

@@ -11,6 +11,7 @@
 // Per capture the tracker holds: the graph pool (a reference for the graph,
 // released by destroy_graph), the capture's begin tick, and the sequences of
 // the blocks allocated in it.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -49,11 +50,10 @@ struct LoggedEvent {
 struct FindingKey {
   GraphHandle graph;
   std::uint64_t victim;
-  std::uint64_t writer;
   bool operator==(const FindingKey&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const FindingKey& k) {
-    return H::combine(std::move(h), k.graph, k.victim, k.writer);
+    return H::combine(std::move(h), k.graph, k.victim);
   }
 };
 
@@ -74,6 +74,31 @@ struct CaptureTracker::Impl final : CaptureListener {
   absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
   detail::WriteIndex index;
   absl::flat_hash_set<FindingKey> reported;
+  // Blocks that records name as writers, with how many writes name them:
+  // the history keeps them (for reuse chains) while their graphs exist.
+  absl::flat_hash_map<std::uint64_t, int> writer_refs;
+  std::size_t history_after_prune = 0;
+
+  void count_writers(const WriteRecord& r, int delta) {
+    for (const RecordedWrite& w : r.writes) {
+      if (w.writer.sequence == 0) continue;
+      if ((writer_refs[w.writer.sequence] += delta) <= 0) writer_refs.erase(w.writer.sequence);
+    }
+  }
+
+  // Forgets freed blocks nothing can ask about any more: no record names
+  // them and no capture in progress began before they were freed. Amortized:
+  // runs when the history has doubled since the last time. Requires mu.
+  void maybe_prune_history() {
+    if (history.size() < 2 * history_after_prune + 4096) return;
+    std::uint64_t oldest_active = ~std::uint64_t{0};
+    for (const auto& [stream, capture] : active) {
+      oldest_active = std::min(oldest_active, capture.begin_tick);
+    }
+    history_after_prune = history.prune([&](const detail::Occupant& o) {
+      return writer_refs.contains(o.block.sequence) || o.free_tick > oldest_active;
+    });
+  }
 
   void on_block_event(const BlockEvent& event) override {
     const std::uint64_t tick = ticks.fetch_add(1) + 1;
@@ -109,10 +134,20 @@ struct CaptureTracker::Impl final : CaptureListener {
     return out;
   }
 
+  // The reuse chain that led to a finding: the occupants of the overlap from
+  // the writer to the victim, in allocation order. A range a shared pool has
+  // reused a thousand times keeps its ends and the most recent steps.
+  static constexpr std::size_t kChainLinks = 16;
   void attach_chain(Finding& f) const {
+    std::vector<ChainLink> links;
     for (const detail::Occupant* o : history.overlapping(device_of(f), f.overlap)) {
-      f.reuse_chain.push_back(o->link());
+      const std::uint64_t seq = o->block.sequence;
+      if (seq >= f.writer.sequence && seq <= f.victim.sequence) links.push_back(o->link());
     }
+    if (links.size() > kChainLinks) {
+      links.erase(links.begin() + 1, links.end() - static_cast<std::ptrdiff_t>(kChainLinks - 1));
+    }
+    f.reuse_chain = std::move(links);
     f.fix = detail::fix_for(f);
   }
   int device_of(const Finding& f) const {
@@ -137,7 +172,7 @@ struct CaptureTracker::Impl final : CaptureListener {
   std::vector<Finding> only_new(std::vector<Finding> findings) {
     std::vector<Finding> fresh;
     for (Finding& f : findings) {
-      if (reported.insert({f.graph, f.victim.sequence, f.writer.sequence}).second) {
+      if (reported.insert({f.graph, f.victim.sequence}).second) {
         fresh.push_back(std::move(f));
       }
     }
@@ -264,6 +299,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   auto indexed = std::make_unique<IndexedRecord>(std::move(record));
   const IndexedRecord& r = *indexed;
   m.index.add(r);
+  m.count_writers(r.record, +1);
   m.records.emplace(*graph, std::move(indexed));
 
   // (a) this graph against every live block it writes; (b) blocks this
@@ -289,8 +325,9 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   CaptureResult result;
   result.graph = *graph;
   result.new_findings = m.only_new(std::move(findings));
-  for (const Finding& f : result.new_findings) {
-    detail::log().warn("{}", f.summary());
+  m.maybe_prune_history();
+  if (detail::log().should_log(spdlog::level::warn)) {
+    for (const Finding& f : result.new_findings) detail::log().warn("{}", f.summary());
   }
   return result;
 }
@@ -329,7 +366,9 @@ absl::Status CaptureTracker::replay(GraphHandle graph, StreamHandle stream) {
   }
   {
     std::lock_guard lock(impl_->mu);
-    for (const Finding& f : impl_->only_new(*findings)) detail::log().warn("{}", f.summary());
+    for (const Finding& f : impl_->only_new(*findings)) {
+      if (detail::log().should_log(spdlog::level::warn)) detail::log().warn("{}", f.summary());
+    }
   }
   return impl_->allocator->runtime().launch_graph(graph, stream);
 }
@@ -344,6 +383,7 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
   }
   if (absl::Status s = m.allocator->runtime().destroy_graph(graph); !s.ok()) return s;
   m.index.remove(*it->second);
+  m.count_writers(it->second->record, -1);
   const PoolHandle pool = it->second->record.pool;
   m.records.erase(it);
   return m.allocator->release_graph_pool(pool);

@@ -99,6 +99,7 @@ void write_finding(JsonWriter& j, const Finding& f) {
   write_block(j, f.writer);
   j.field("write_position", static_cast<std::uint64_t>(f.write_position));
   j.field("write_op", f.write_op);
+  j.field("clobbering_writes", static_cast<std::uint64_t>(f.clobbering_writes));
   j.key("victim");
   write_block(j, f.victim);
   j.key("overlap").begin_object();
@@ -166,10 +167,12 @@ std::string Finding::summary() const {
   }
   return absl::StrFormat(
       "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s at "
-      "capture position %d, %s evidence). Reuse chain: %s. Fix: %s.",
+      "capture position %d, %s evidence%s). Reuse chain: %s. Fix: %s.",
       severity_name(severity), graph_label, capture, detail::describe_block(victim),
       detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
       detail::describe_block(writer), write_op, write_position, evidence_name(evidence),
+      clobbering_writes > 1 ? absl::StrFormat("; the last of %d such writes", clobbering_writes)
+                            : std::string(),
       chain.empty() ? "-" : chain, fix);
 }
 

@@ -26,7 +26,7 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
   for (const GraphWrite& w : writes) {
     weakest = std::max(weakest, w.evidence);
     std::vector<MemorySpan> covered;
-    for (const Occupant* o : history.overlapping(window.device, w.span)) {
+    for (const Occupant* o : history.candidates_since(window.device, w.span, window.begin_tick)) {
       if (!occupied_at(*o, window, w.position)) continue;
       const std::uintptr_t begin = std::max(w.span.begin(), o->block.span().begin());
       const std::uintptr_t end = std::min(w.span.end(), o->block.span().end());

@@ -93,9 +93,13 @@ struct Finding {
   CaptureId capture = 0;
   Severity severity = Severity::kHazard;
   WriteEvidence evidence = WriteEvidence::kDeclared;
+  // The last write (in capture order) that lands on the victim through
+  // another block: the data a replay leaves there. `clobbering_writes`
+  // counts all such writes of the graph; `overlap` bounds them.
   BlockRef writer;
   std::size_t write_position = 0;
   std::string write_op;
+  std::size_t clobbering_writes = 0;
   BlockRef victim;
   MemorySpan overlap;
   std::vector<ChainLink> reuse_chain;
