@@ -26,20 +26,6 @@ namespace capalloc {
 using detail::Block;
 using detail::Pool;
 
-namespace detail {
-
-std::uint32_t TagTable::intern(std::string_view tag) {
-  if (tag.empty()) return 0;
-  // Debian's Abseil has its own string_view type, hence the conversion.
-  const absl::string_view key(tag.data(), tag.size());
-  if (auto it = ids_.find(key); it != ids_.end()) return it->second;
-  names_.emplace_back(tag);
-  const auto id = static_cast<std::uint32_t>(names_.size());
-  ids_.emplace(names_.back(), id);
-  return id;
-}
-
-}  // namespace detail
 
 Allocator::Impl::~Impl() {
   for (const auto& p : pending) runtime->destroy_event(p.event).IgnoreError();
@@ -256,7 +242,7 @@ BlockInfo Allocator::Impl::info_of(const Block& b) const {
   info.stream = b.segment->stream;
   info.state = b.state;
   info.lifetime = b.lifetime;
-  info.tag = tags.name(b.tag_id);
+  info.tag = detail::interned(b.tag_id);
   info.sequence = b.sequence;
   info.pool = b.segment->pool->handle();
   info.capture = b.capture;
@@ -371,7 +357,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     block = *fresh;
   }
   block->lifetime = options.lifetime;
-  block->tag_id = m.tags.intern(options.tag);
+  block->tag_id = detail::intern_id(options.tag);
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;

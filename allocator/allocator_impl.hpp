@@ -29,23 +29,13 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "allocator/block.hpp"
+#include "allocator/interned_strings.hpp"
 #include "allocator/pool.hpp"
 #include "capalloc/allocator.hpp"
 
 namespace capalloc {
 
 namespace detail {
-
-// Interned block tags: id 0 is the empty tag.
-class TagTable {
- public:
-  std::uint32_t intern(std::string_view tag);
-  std::string name(std::uint32_t id) const { return id == 0 ? std::string() : names_[id - 1]; }
-
- private:
-  std::vector<std::string> names_;
-  absl::flat_hash_map<std::string, std::uint32_t> ids_;
-};
 
 struct PendingEvent {
   Block* block;
@@ -92,7 +82,6 @@ struct Allocator::Impl {
   absl::flat_hash_map<CaptureId, detail::CaptureRoute> routes;
   absl::flat_hash_map<PoolHandle, int> pool_devices;  // graph pool -> device
   PoolHandle next_pool = 1;
-  detail::TagTable tags;
   std::uint64_t next_sequence = 1;
   CaptureListener* listener = nullptr;
 

@@ -46,16 +46,28 @@ std::string name_of(const BlockRef& b) {
 }  // namespace
 
 IndexedRecord::IndexedRecord(WriteRecord r) : record(std::move(r)) {
+  by_begin_.reserve(record.writes.size());
   for (std::size_t i = 0; i < record.writes.size(); ++i) {
     by_writer[record.writes[i].writer.sequence].push_back(i);
+    by_begin_.push_back(i);
+    longest_ = std::max(longest_, record.writes[i].span.bytes);
   }
+  std::sort(by_begin_.begin(), by_begin_.end(), [&](std::size_t a, std::size_t b) {
+    return record.writes[a].span.begin() < record.writes[b].span.begin();
+  });
 }
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
   std::vector<std::size_t> out;
-  for (std::size_t i = 0; i < record.writes.size(); ++i) {
-    if (record.writes[i].span.overlaps(span)) out.push_back(i);
+  const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
+  auto it = std::lower_bound(by_begin_.begin(), by_begin_.end(), from,
+                             [&](std::size_t i, std::uintptr_t v) {
+                               return record.writes[i].span.begin() < v;
+                             });
+  for (; it != by_begin_.end() && record.writes[*it].span.begin() < span.end(); ++it) {
+    if (record.writes[*it].span.overlaps(span)) out.push_back(*it);
   }
+  std::sort(out.begin(), out.end());  // capture order, as a scan would give
   return out;
 }
 

@@ -24,8 +24,12 @@ struct IndexedRecord {
   absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> by_writer;
 
   explicit IndexedRecord(WriteRecord r);
-  // Indices of the writes overlapping `span`. O(writes).
+  // Indices of the writes overlapping `span`. O(log writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+
+ private:
+  std::vector<std::size_t> by_begin_;  // write indices sorted by start address
+  std::size_t longest_ = 0;
 };
 
 // Every graph's writes by address, per device.

@@ -56,7 +56,7 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   d.freed.push_back(index);
 }
 
-void BlockHistory::rebuild(std::vector<Occupant> occupants) {
+void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   // Frees keep their order: sort the freed ones by tick when re-listing.
   occupants_ = std::move(occupants);
   by_sequence_.clear();
@@ -101,21 +101,25 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   return out;
 }
 
-std::vector<const Occupant*> BlockHistory::candidates_since(int device, MemorySpan span,
-                                                           std::uint64_t tick) const {
-  std::vector<const Occupant*> out;
+void BlockHistory::live_overlapping(int device, MemorySpan span,
+                                    std::vector<const Occupant*>& out) const {
   auto d = devices_.find(device);
-  if (d == devices_.end()) return out;
+  if (d == devices_.end()) return;
   d->second.live.for_overlapping(span, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
+}
+
+std::vector<const Occupant*> BlockHistory::freed_since(int device, std::uint64_t tick) const {
+  std::vector<const Occupant*> out;
+  auto d = devices_.find(device);
+  if (d == devices_.end()) return out;
   // Frees are recorded in tick order: walk back from the newest.
   const auto& freed = d->second.freed;
-  for (auto it = freed.rbegin(); it != freed.rend(); ++it) {
-    const Occupant& o = occupants_[*it];
-    if (o.free_tick <= tick) break;
-    if (o.block.span().overlaps(span)) out.push_back(&o);
+  for (auto it = freed.rbegin(); it != freed.rend() && occupants_[*it].free_tick > tick; ++it) {
+    out.push_back(&occupants_[*it]);
   }
+  std::reverse(out.begin(), out.end());
   return out;
 }
 

@@ -16,6 +16,7 @@
 #define CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -50,17 +51,16 @@ class BlockHistory {
   // Every occupant of `device` whose range ever overlapped `span`, in
   // allocation order (for reuse chains: the whole history of the range).
   std::vector<const Occupant*> overlapping(int device, MemorySpan span) const;
-  // Occupants that may have held part of `span` at some point after `tick`:
-  // the live ones, and those freed after `tick`. Unordered. Cost does not
-  // grow with the history of the range, only with what is live or recent.
-  std::vector<const Occupant*> candidates_since(int device, MemorySpan span,
-                                                std::uint64_t tick) const;
+  // Appends the live occupants overlapping `span` to `out`. Unordered.
+  void live_overlapping(int device, MemorySpan span, std::vector<const Occupant*>& out) const;
+  // Occupants freed after `tick`, in free order.
+  std::vector<const Occupant*> freed_since(int device, std::uint64_t tick) const;
 
   // Drops every occupant `keep` rejects; live occupants are always kept.
   // O(occupants). Returns how many remain.
   template <typename Keep>
   std::size_t prune(Keep&& keep) {
-    std::vector<Occupant> kept;
+    std::deque<Occupant> kept;
     for (Occupant& o : occupants_) {
       if (o.live() || keep(o)) kept.push_back(std::move(o));
     }
@@ -85,9 +85,9 @@ class BlockHistory {
     AddressIndex live;  // occupants not freed
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
-  void rebuild(std::vector<Occupant> occupants);
+  void rebuild(std::deque<Occupant> occupants);
 
-  std::vector<Occupant> occupants_;
+  std::deque<Occupant> occupants_;  // a deque: growing never moves an occupant
   absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
   absl::flat_hash_map<int, DeviceIndex> devices_;
   absl::flat_hash_map<std::uint64_t, int> device_of_;  // sequence -> device

@@ -66,6 +66,7 @@ struct CaptureTracker::Impl final : CaptureListener {
 
   std::mutex log_mu;
   std::vector<LoggedEvent> log;  // guarded by log_mu
+  std::vector<LoggedEvent> draining;  // guarded by mu
 
   mutable std::mutex mu;
   absl::flat_hash_map<StreamHandle, ActiveCapture> active;  // by origin stream
@@ -108,12 +109,13 @@ struct CaptureTracker::Impl final : CaptureListener {
 
   // Requires mu.
   void drain_log() {
-    std::vector<LoggedEvent> events;
+    // Two buffers trade places, so that neither is reallocated (and its
+    // pages faulted in again) once both have grown to a capture's size.
     {
       std::lock_guard lock(log_mu);
-      events.swap(log);
+      draining.swap(log);
     }
-    for (const LoggedEvent& e : events) {
+    for (const LoggedEvent& e : draining) {
       const BlockRef ref = BlockRef::from(e.event.block);
       if (e.event.kind == BlockEvent::Kind::kAllocate) {
         history.note(e.event.block.device, ref, e.tick);
@@ -122,6 +124,7 @@ struct CaptureTracker::Impl final : CaptureListener {
         history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
       }
     }
+    draining.clear();
   }
 
   // Live blocks overlapping `spans`, noted in the history. Requires mu.

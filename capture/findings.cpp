@@ -156,7 +156,7 @@ std::string Finding::summary() const {
   std::string chain;
   for (const ChainLink& link : reuse_chain) {
     absl::StrAppend(&chain, chain.empty() ? "" : " -> ", "#", link.block.sequence, " '",
-                    link.block.tag, "'",
+                    std::string(link.block.tag), "'",
                     link.live ? " (live)"
                               : absl::StrFormat(" (freed%s)",
                                                 link.freed_in_capture == 0

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "allocator/interned_strings.hpp"
+
 namespace capalloc::detail {
 
 bool occupied_at(const Occupant& o, const CaptureWindow& window, std::size_t position) {
@@ -20,28 +22,68 @@ bool occupied_at(const Occupant& o, const CaptureWindow& window, std::size_t pos
   return o.free_tick > window.begin_tick && !freed_before;
 }
 
+namespace {
+
+// Blocks freed since the capture began, by start address, for overlap
+// queries that cost O(log n + hits) per write instead of O(frees).
+class FreedDuringCapture {
+ public:
+  FreedDuringCapture(const BlockHistory& history, const CaptureWindow& window)
+      : freed_(history.freed_since(window.device, window.begin_tick)) {
+    std::sort(freed_.begin(), freed_.end(), [](const Occupant* a, const Occupant* b) {
+      return a->block.span().begin() < b->block.span().begin();
+    });
+    for (const Occupant* o : freed_) longest_ = std::max(longest_, o->block.size);
+  }
+  template <typename F>
+  void for_overlapping(MemorySpan span, F&& visit) const {
+    const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
+    auto it = std::lower_bound(freed_.begin(), freed_.end(), from,
+                               [](const Occupant* o, std::uintptr_t v) {
+                                 return o->block.span().begin() < v;
+                               });
+    for (; it != freed_.end() && (*it)->block.span().begin() < span.end(); ++it) {
+      if ((*it)->block.span().overlaps(span)) visit(*it);
+    }
+  }
+
+ private:
+  std::vector<const Occupant*> freed_;
+  std::size_t longest_ = 0;
+};
+
+}  // namespace
+
 void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWindow& window,
                          const BlockHistory& history, WriteRecord& record) {
   WriteEvidence weakest = WriteEvidence::kDeclared;
+  const FreedDuringCapture freed(history, window);
+  std::vector<const Occupant*> candidates;
+  std::vector<MemorySpan> covered;
+  record.writes.reserve(record.writes.size() + writes.size());
   for (const GraphWrite& w : writes) {
     weakest = std::max(weakest, w.evidence);
-    std::vector<MemorySpan> covered;
-    for (const Occupant* o : history.candidates_since(window.device, w.span, window.begin_tick)) {
+    const std::string_view op = intern(w.op);
+    covered.clear();
+    candidates.clear();
+    history.live_overlapping(window.device, w.span, candidates);
+    freed.for_overlapping(w.span, [&](const Occupant* o) { candidates.push_back(o); });
+    for (const Occupant* o : candidates) {
       if (!occupied_at(*o, window, w.position)) continue;
       const std::uintptr_t begin = std::max(w.span.begin(), o->block.span().begin());
       const std::uintptr_t end = std::min(w.span.end(), o->block.span().end());
       const MemorySpan piece{reinterpret_cast<const void*>(begin), end - begin};
-      record.writes.push_back({piece, o->block, w.position, w.op, w.evidence});
+      record.writes.push_back({piece, o->block, w.position, op, w.evidence});
       covered.push_back(piece);
     }
     // What no block held is written through no block.
-    std::sort(covered.begin(), covered.end(),
+    if (covered.size() > 1) std::sort(covered.begin(), covered.end(),
               [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
     std::uintptr_t at = w.span.begin();
     auto gap = [&](std::uintptr_t end) {
       if (end > at) {
         record.writes.push_back(
-            {{reinterpret_cast<const void*>(at), end - at}, BlockRef{}, w.position, w.op, w.evidence});
+            {{reinterpret_cast<const void*>(at), end - at}, BlockRef{}, w.position, op, w.evidence});
       }
     };
     for (const MemorySpan& piece : covered) {

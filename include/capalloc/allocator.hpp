@@ -109,7 +109,9 @@ struct BlockInfo {
   StreamHandle stream = kDefaultStream;
   BlockState state = BlockState::kAllocated;
   Lifetime lifetime = Lifetime::kTransient;
-  std::string tag;
+  // The block's tag, viewing capalloc's process-wide table of interned tags:
+  // valid for the life of the process.
+  std::string_view tag;
   std::uint64_t sequence = 0;  // allocation sequence number, 1-based, per allocator
   PoolHandle pool = kDefaultPool;
   CaptureId capture = 0;         // the capture it was allocated in (0: none)

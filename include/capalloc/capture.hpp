@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -48,7 +49,7 @@ enum class Severity { kHazard, kCrossGraphOutput };
 // A block as records and findings name it: its identity is `sequence`.
 struct BlockRef {
   std::uint64_t sequence = 0;  // 0: no block (memory not allocated at the time)
-  std::string tag;
+  std::string_view tag;        // valid for the life of the process (see BlockInfo::tag)
   const void* ptr = nullptr;
   std::size_t size = 0;
   Lifetime lifetime = Lifetime::kTransient;
@@ -65,7 +66,8 @@ struct RecordedWrite {
   MemorySpan span;
   BlockRef writer;            // the block the write went through
   std::size_t position = 0;   // capture position of the writing node
-  std::string op;             // kernel name, "memset", "memcpy" or "footprint"
+  std::string_view op;        // kernel name, "memset", "memcpy" or "footprint" (interned:
+                              // valid for the life of the process)
   WriteEvidence evidence = WriteEvidence::kDeclared;
 };
 

@@ -1,0 +1,25 @@
+// allocator/interned_strings.hpp: short strings (block tags, kernel names)
+// interned once per process.
+//
+// Tags and operation names are few (labels, not data) and are named by every
+// block and every recorded write; interning them makes those records cheap
+// to copy. The table never shrinks, so a view it hands out stays valid for
+// the life of the process, past any allocator's or tracker's. Thread-safe.
+#ifndef CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
+#define CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
+
+#include <cstdint>
+#include <string_view>
+
+namespace capalloc::detail {
+
+// The id of `s` (0 for the empty string), adding it on first sight.
+std::uint32_t intern_id(std::string_view s);
+// The string of an id from intern_id; empty for 0.
+std::string_view interned(std::uint32_t id);
+// A view of the interned copy of `s`.
+inline std::string_view intern(std::string_view s) { return interned(intern_id(s)); }
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
