@@ -88,6 +88,42 @@ CAPALLOC_API capalloc_status capalloc_stream_create(int device, void** out);
 CAPALLOC_API capalloc_status capalloc_stream_destroy(void* stream);
 CAPALLOC_API capalloc_status capalloc_stream_synchronize(void* stream);
 
+/* Like capalloc_malloc, with a tag (NULL: none) shown in findings, and
+ * persistent != 0 for a block that must outlive every graph replay: refused
+ * while a capture is active (the error names the fix: capalloc_preallocate). */
+CAPALLOC_API capalloc_status capalloc_malloc_tagged(void** out, size_t size, int device,
+                                                    void* stream, const char* tag,
+                                                    int persistent);
+
+/* --- Graph capture through capalloc ----------------------------------------
+ * Graph pools hold the blocks of captures; several captures may share one. A
+ * capture allocates into `pool` (0: a private pool). At its end the graph's
+ * write record is checked against every live block; findings come back as a
+ * JSON array (schema: docs/findings.md) in a thread-local string valid until
+ * the thread's next call that returns one. */
+CAPALLOC_API capalloc_status capalloc_pool_create(int device, uint64_t* out);
+CAPALLOC_API capalloc_status capalloc_pool_release(uint64_t pool);
+CAPALLOC_API capalloc_status capalloc_capture_begin(int device, void* stream, uint64_t pool,
+                                                    const char* label);
+/* `findings_json` may be NULL. */
+CAPALLOC_API capalloc_status capalloc_capture_end(void* stream, uint64_t* graph,
+                                                  const char** findings_json);
+/* The replay guard: checks, then launches. In strict mode a graph with a
+ * hazard finding is refused (CAPALLOC_ERROR_FAILED_PRECONDITION). */
+CAPALLOC_API capalloc_status capalloc_graph_replay(uint64_t graph, void* stream);
+CAPALLOC_API capalloc_status capalloc_graph_destroy(uint64_t graph);
+/* Every graph against the live blocks now. */
+CAPALLOC_API capalloc_status capalloc_check(const char** findings_json);
+CAPALLOC_API capalloc_status capalloc_set_strict(int strict);
+
+/* --- Persistent buffers by (device, key) -------------------------------------
+ * capalloc_preallocate creates (or returns) the buffer during warmup; it is
+ * refused during a capture. capalloc_get never allocates. `out` of
+ * capalloc_preallocate may be NULL. */
+CAPALLOC_API capalloc_status capalloc_preallocate(int device, const char* key, size_t bytes,
+                                                  void** out);
+CAPALLOC_API capalloc_status capalloc_get(int device, const char* key, void** out);
+
 /* PyTorch's CUDAPluggableAllocator entry points, with exactly its C++
  * signatures. capalloc_torch_malloc returns NULL for size 0 (PyTorch's
  * convention for empty tensors) and on failure, logging the error;

@@ -1,0 +1,283 @@
+// capture/c_api.cpp: the C ABI over the process-wide capalloc (global.hpp).
+//
+// Every entry point converts absl::Status into a capalloc_status and keeps
+// the message in a thread-local string; a try/catch at each entry makes sure
+// no C++ exception (std::bad_alloc from a container, say) crosses into C.
+// Strings handed back (findings as JSON) live in another thread-local string,
+// valid until the thread's next call that returns one.
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "capture/global.hpp"
+#include "allocator/runtime/log.hpp"
+#include "capalloc/allocator.hpp"
+#include "capalloc/capalloc.h"
+#include "capalloc/capture.hpp"
+#include "capalloc/persistent_cache.hpp"
+
+
+namespace {
+
+thread_local std::string last_error;
+thread_local std::string last_json;
+
+capalloc_status to_code(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return CAPALLOC_OK;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return CAPALLOC_ERROR_INVALID_ARGUMENT;
+    case absl::StatusCode::kResourceExhausted:
+      return CAPALLOC_ERROR_OUT_OF_MEMORY;
+    case absl::StatusCode::kNotFound:
+      return CAPALLOC_ERROR_NOT_FOUND;
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+      return CAPALLOC_ERROR_FAILED_PRECONDITION;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnimplemented:
+      return CAPALLOC_ERROR_UNAVAILABLE;
+    default:
+      return CAPALLOC_ERROR_INTERNAL;
+  }
+}
+
+capalloc_status report(const absl::Status& status) {
+  last_error = status.ok() ? std::string() : std::string(status.message());
+  return to_code(status);
+}
+
+// Runs `body` (returning absl::Status) against the process-wide capalloc;
+// turns exceptions into CAPALLOC_ERROR_INTERNAL.
+template <typename Body>
+capalloc_status with_global(Body&& body) noexcept {
+  try {
+    auto global = capalloc::detail::global_capalloc();
+    if (!global.ok()) return report(global.status());
+    return report(body(*global));
+  } catch (const std::exception& e) {
+    last_error = absl::StrCat("internal error: ", e.what());
+  } catch (...) {
+    last_error = "internal error: unknown exception";
+  }
+  return CAPALLOC_ERROR_INTERNAL;
+}
+
+template <typename Body>
+capalloc_status with_allocator(Body&& body) noexcept {
+  return with_global(
+      [&](const capalloc::detail::GlobalCapalloc& g) { return body(*g.allocator); });
+}
+
+capalloc::StreamHandle as_stream(void* stream) {
+  return reinterpret_cast<capalloc::StreamHandle>(stream);
+}
+
+capalloc_status null_argument(const char* call, const char* what) {
+  return report(absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is NULL")));
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* capalloc_last_error(void) { return last_error.c_str(); }
+
+const char* capalloc_runtime_name(void) {
+  const char* name = nullptr;
+  with_allocator([&](capalloc::Allocator& a) {
+    name = a.runtime().name().data();  // names are string literals
+    return absl::OkStatus();
+  });
+  return name;
+}
+
+capalloc_status capalloc_malloc(void** out, size_t size, int device, void* stream) {
+  if (out == nullptr) return null_argument("capalloc_malloc", "out");
+  return with_allocator([&](capalloc::Allocator& a) {
+    auto p = a.allocate(size, device, as_stream(stream));
+    if (!p.ok()) return p.status();
+    *out = *p;
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_free(void* ptr) {
+  return with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr); });
+}
+
+capalloc_status capalloc_record_stream(void* ptr, void* stream) {
+  return with_allocator(
+      [&](capalloc::Allocator& a) { return a.record_stream(ptr, as_stream(stream)); });
+}
+
+capalloc_status capalloc_empty_cache(int device) {
+  return with_allocator([&](capalloc::Allocator& a) { return a.empty_cache(device); });
+}
+
+capalloc_status capalloc_get_stats(int device, capalloc_stats* out) {
+  if (out == nullptr) return null_argument("capalloc_get_stats", "out");
+  return with_allocator([&](capalloc::Allocator& a) {
+    auto s = a.stats(device);
+    if (!s.ok()) return s.status();
+    *out = capalloc_stats{
+        s->allocated_bytes.current, s->allocated_bytes.peak, s->requested_bytes.current,
+        s->requested_bytes.peak,    s->reserved_bytes.current, s->reserved_bytes.peak,
+        s->segments.current,        s->allocated_blocks.current, s->free_blocks,
+        s->pending_free_blocks,     s->allocations,            s->frees,
+        s->retries,                 s->ooms};
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_check_invariants(void) {
+  return with_allocator([](capalloc::Allocator& a) { return a.CheckInvariants(); });
+}
+
+capalloc_status capalloc_stream_create(int device, void** out) {
+  if (out == nullptr) return null_argument("capalloc_stream_create", "out");
+  return with_allocator([&](capalloc::Allocator& a) {
+    auto s = a.runtime().create_stream(device);
+    if (!s.ok()) return s.status();
+    *out = reinterpret_cast<void*>(*s);
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_stream_destroy(void* stream) {
+  return with_allocator(
+      [&](capalloc::Allocator& a) { return a.runtime().destroy_stream(as_stream(stream)); });
+}
+
+capalloc_status capalloc_stream_synchronize(void* stream) {
+  return with_allocator(
+      [&](capalloc::Allocator& a) { return a.runtime().synchronize_stream(as_stream(stream)); });
+}
+
+capalloc_status capalloc_malloc_tagged(void** out, size_t size, int device, void* stream,
+                                       const char* tag, int persistent) {
+  if (out == nullptr) return null_argument("capalloc_malloc_tagged", "out");
+  return with_allocator([&](capalloc::Allocator& a) {
+    capalloc::AllocOptions options;
+    options.tag = tag == nullptr ? "" : tag;
+    options.lifetime = persistent ? capalloc::Lifetime::kPersistent : capalloc::Lifetime::kTransient;
+    auto p = a.allocate(size, device, as_stream(stream), options);
+    if (!p.ok()) return p.status();
+    *out = *p;
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_pool_create(int device, uint64_t* out) {
+  if (out == nullptr) return null_argument("capalloc_pool_create", "out");
+  return with_allocator([&](capalloc::Allocator& a) {
+    auto pool = a.create_graph_pool(device);
+    if (!pool.ok()) return pool.status();
+    *out = *pool;
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_pool_release(uint64_t pool) {
+  return with_allocator([&](capalloc::Allocator& a) { return a.release_graph_pool(pool); });
+}
+
+capalloc_status capalloc_capture_begin(int device, void* stream, uint64_t pool, const char* label) {
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    capalloc::CaptureOptions options;
+    options.pool = pool;
+    if (label != nullptr) options.label = label;
+    return g.tracker->begin_capture(device, as_stream(stream), options).status();
+  });
+}
+
+capalloc_status capalloc_capture_end(void* stream, uint64_t* graph, const char** findings_json) {
+  if (graph == nullptr) return null_argument("capalloc_capture_end", "graph");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    auto result = g.tracker->end_capture(as_stream(stream));
+    if (!result.ok()) return result.status();
+    *graph = result->graph;
+    if (findings_json != nullptr) {
+      last_json = capalloc::findings_to_json(result->new_findings);
+      *findings_json = last_json.c_str();
+    }
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_graph_replay(uint64_t graph, void* stream) {
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    return g.tracker->replay(graph, as_stream(stream));
+  });
+}
+
+capalloc_status capalloc_graph_destroy(uint64_t graph) {
+  return with_global(
+      [&](const capalloc::detail::GlobalCapalloc& g) { return g.tracker->destroy_graph(graph); });
+}
+
+capalloc_status capalloc_check(const char** findings_json) {
+  if (findings_json == nullptr) return null_argument("capalloc_check", "findings_json");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    last_json = capalloc::findings_to_json(g.tracker->check());
+    *findings_json = last_json.c_str();
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_set_strict(int strict) {
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    g.tracker->set_strict(strict != 0);
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_preallocate(int device, const char* key, size_t bytes, void** out) {
+  if (key == nullptr) return null_argument("capalloc_preallocate", "key");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    auto p = g.cache->preallocate(device, key, bytes);
+    if (!p.ok()) return p.status();
+    if (out != nullptr) *out = *p;
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_get(int device, const char* key, void** out) {
+  if (key == nullptr) return null_argument("capalloc_get", "key");
+  if (out == nullptr) return null_argument("capalloc_get", "out");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    auto p = g.cache->get(device, key);
+    if (!p.ok()) return p.status();
+    *out = *p;
+    return absl::OkStatus();
+  });
+}
+
+void* capalloc_torch_malloc(size_t size, int device, void* stream) {
+  if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
+  void* out = nullptr;
+  if (capalloc_malloc(&out, size, device, stream) != CAPALLOC_OK) {
+    capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
+                                  last_error);
+    return nullptr;
+  }
+  return out;
+}
+
+void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
+  (void)size;
+  (void)stream;  // the block remembers its stream; frees are ordered on it
+  if (ptr == nullptr) return;
+  const capalloc_status status = with_allocator(
+      [&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
+  if (status != CAPALLOC_OK) {
+    capalloc::detail::log().error("capalloc_torch_free({}, device {}): {}", ptr, device,
+                                  last_error);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,45 @@
+// capture/global.cpp: see global.hpp.
+#include "capture/global.hpp"
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "allocator/runtime/log.hpp"
+
+namespace capalloc::detail {
+
+namespace {
+
+absl::StatusOr<GlobalCapalloc> make_global() {
+  const char* kind = std::getenv("CAPALLOC_RUNTIME");
+  auto runtime = make_runtime(kind != nullptr && *kind ? kind : "auto");
+  if (!runtime.ok()) return runtime.status();
+  auto options = AllocatorOptions::from_env();
+  if (!options.ok()) return options.status();
+  auto tracker_options = TrackerOptions::from_env();
+  if (!tracker_options.ok()) return tracker_options.status();
+  auto allocator = Allocator::create(*std::move(runtime), *options);
+  if (!allocator.ok()) return allocator.status();
+  auto tracker = CaptureTracker::create(**allocator, *tracker_options);
+  if (!tracker.ok()) return tracker.status();
+  GlobalCapalloc g;
+  g.allocator = allocator->release();
+  g.tracker = tracker->release();
+  g.cache = new PersistentCache(*g.allocator);
+  return g;
+}
+
+}  // namespace
+
+absl::StatusOr<GlobalCapalloc> global_capalloc() {
+  static std::once_flag once;
+  static absl::StatusOr<GlobalCapalloc>* instance = nullptr;
+  std::call_once(once, [] {
+    instance = new absl::StatusOr<GlobalCapalloc>(make_global());
+    if (!instance->ok()) log().error("capalloc could not start: {}", instance->status().ToString());
+  });
+  return *instance;
+}
+
+}  // namespace capalloc::detail

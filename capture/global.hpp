@@ -1,0 +1,30 @@
+// capture/global.hpp: the process-wide capalloc behind the C ABI and the
+// PyTorch entry points: one allocator, its capture tracker and its
+// persistent cache.
+//
+// Created on first use over the runtime named by CAPALLOC_RUNTIME (default
+// "auto") with AllocatorOptions::from_env() and TrackerOptions::from_env().
+// If creation fails, every later call gets the same error; the process does
+// not retry with other settings. Never destroyed: blocks may be freed from
+// static destructors of the host application after ours would have run.
+#ifndef CAPALLOC_CAPTURE_GLOBAL_HPP_
+#define CAPALLOC_CAPTURE_GLOBAL_HPP_
+
+#include "absl/status/statusor.h"
+#include "capalloc/allocator.hpp"
+#include "capalloc/capture.hpp"
+#include "capalloc/persistent_cache.hpp"
+
+namespace capalloc::detail {
+
+struct GlobalCapalloc {
+  Allocator* allocator = nullptr;
+  CaptureTracker* tracker = nullptr;
+  PersistentCache* cache = nullptr;
+};
+
+absl::StatusOr<GlobalCapalloc> global_capalloc();
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_CAPTURE_GLOBAL_HPP_
