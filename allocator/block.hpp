@@ -24,6 +24,7 @@
 
 namespace capalloc::detail {
 
+class FreeIndex;
 class Pool;
 struct Segment;
 
@@ -60,6 +61,7 @@ struct Segment {
   StreamHandle stream = kDefaultStream;
   bool small = false;  // serves small requests only (see SizePolicy)
   Pool* pool = nullptr;
+  FreeIndex* index = nullptr;  // the free index of (pool, stream, size class)
   Block* first = nullptr;
 
   bool fully_free() const { return first != nullptr && first->next == nullptr && first->is_free(); }

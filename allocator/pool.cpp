@@ -47,15 +47,24 @@ Pool::~Pool() {
   }
 }
 
-FreeIndex& Pool::index_for(const Segment& segment) {
-  auto& slot = indexes_[IndexKey{segment.stream, segment.small}];
-  if (!slot) slot = std::make_unique<FreeIndex>(policy_.granule_shift);
-  return *slot;
-}
+FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
 FreeIndex* Pool::find_index(StreamHandle stream, bool small) const {
-  auto it = indexes_.find(IndexKey{stream, small});
-  return it == indexes_.end() ? nullptr : it->second.get();
+  // Most requests come from the stream of the previous one: one cached entry
+  // saves the hash lookup.
+  const IndexKey key{stream, small};
+  if (last_index_ != nullptr && last_key_ == key) return last_index_;
+  auto it = indexes_.find(key);
+  if (it == indexes_.end()) return nullptr;
+  last_key_ = key;
+  last_index_ = it->second.get();
+  return last_index_;
+}
+
+FreeIndex* Pool::make_index(StreamHandle stream, bool small) {
+  auto& slot = indexes_[IndexKey{stream, small}];
+  if (!slot) slot = std::make_unique<FreeIndex>(policy_.granule_shift);
+  return slot.get();
 }
 
 void Pool::file_free(Block* block) {
@@ -111,6 +120,7 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segment->stream = stream;
   segment->small = policy_.is_small(rounded);
   segment->pool = this;
+  segment->index = make_index(stream, segment->small);
   Block* block = arena_.make();
   block->addr = segment->base;
   block->size = bytes;

@@ -109,6 +109,7 @@ class Pool {
   };
   FreeIndex& index_for(const Segment& segment);
   FreeIndex* find_index(StreamHandle stream, bool small) const;
+  FreeIndex* make_index(StreamHandle stream, bool small);
   // Splits `block` (free, out of the index) so that it is `rounded` bytes;
   // the remainder is filed as a free block.
   void split(Block* block, std::size_t rounded);
@@ -121,6 +122,8 @@ class Pool {
   BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;
   absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
+  mutable IndexKey last_key_{kDefaultStream, false};
+  mutable FreeIndex* last_index_ = nullptr;
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
 };
