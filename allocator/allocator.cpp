@@ -392,7 +392,10 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
       position = info->position;
     }
   }
-  if (device_may_capture) {
+  // The listener also hears of every free of a block allocated during a
+  // capture, whenever it happens: the tracker keeps such blocks in its
+  // history and must not take them for live after their memory is reused.
+  if (device_may_capture || block->capture != 0) {
     m.notify(BlockEvent::Kind::kFree, *block, capture, position);  // before it may merge away
   }
   return m.free_block(block);

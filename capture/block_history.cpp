@@ -83,6 +83,17 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   device_of_ = std::move(device_of);
 }
 
+void BlockHistory::forget_live(int device, std::uint64_t sequence) {
+  auto it = by_sequence_.find(sequence);
+  if (it == by_sequence_.end()) return;
+  Occupant& o = occupants_[it->second];
+  if (!o.live()) return;
+  // Tick 1 is before every capture's begin tick, and the occupant stays out
+  // of the `freed` list, which is kept in tick order for recent frees.
+  o.free_tick = 1;
+  devices_[device].live.remove(o.block.span().begin(), it->second);
+}
+
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
   auto it = by_sequence_.find(sequence);
   return it == by_sequence_.end() ? nullptr : &occupants_[it->second];

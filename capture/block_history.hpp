@@ -56,6 +56,11 @@ class BlockHistory {
   // Occupants freed after `tick`, in free order.
   std::vector<const Occupant*> freed_since(int device, std::uint64_t tick) const;
 
+  // Marks a block the history holds as live, but the allocator no longer
+  // does, as freed before any capture now in progress began (its free was not
+  // reported: it happened while no capture was active on the device).
+  void forget_live(int device, std::uint64_t sequence);
+
   // Drops every occupant `keep` rejects; live occupants are always kept.
   // O(occupants). Returns how many remain.
   template <typename Keep>

@@ -127,12 +127,21 @@ struct CaptureTracker::Impl final : CaptureListener {
     draining.clear();
   }
 
-  // Live blocks overlapping `spans`, noted in the history. Requires mu.
+  // Live blocks overlapping `spans`, noted in the history. Blocks the
+  // history holds as live there but the allocator no longer has were freed
+  // outside any capture (unreported): they are marked so. Requires mu.
   std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans) {
     std::vector<BlockRef> out;
-    for (const BlockInfo& info : allocator->live_blocks(device, std::move(spans))) {
+    absl::flat_hash_set<std::uint64_t> live_now;
+    for (const BlockInfo& info : allocator->live_blocks(device, spans)) {
       out.push_back(BlockRef::from(info));
+      live_now.insert(info.sequence);
       history.note(device, out.back(), 0);
+    }
+    std::vector<const detail::Occupant*> stale;
+    for (const MemorySpan& span : spans) history.live_overlapping(device, span, stale);
+    for (const detail::Occupant* o : stale) {
+      if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
     }
     return out;
   }

@@ -132,8 +132,10 @@ struct BlockEvent {
 };
 
 // Observes allocations and frees made while a capture is active on their
-// device (nothing else: outside captures the allocator calls no listener).
-// Called with the allocator's lock held: it must not call the allocator.
+// device, and frees of blocks that were allocated during a capture (nothing
+// else: outside captures, blocks allocated outside captures cost the
+// listener nothing). Called with the allocator's lock held: it must not call
+// the allocator.
 class CaptureListener {
  public:
   virtual ~CaptureListener() = default;
