@@ -68,7 +68,7 @@ struct CaptureContext {
 
 }  // namespace detail
 
-struct Allocator::Impl {
+struct CAPALLOC_INTERNAL Allocator::Impl {
   std::shared_ptr<DeviceRuntime> runtime;
   AllocatorOptions options;
   detail::SizePolicy policy;

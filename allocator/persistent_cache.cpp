@@ -13,7 +13,7 @@
 
 namespace capalloc {
 
-struct PersistentCache::Impl {
+struct CAPALLOC_INTERNAL PersistentCache::Impl {
   Allocator* allocator = nullptr;
   mutable std::mutex mu;
   std::map<std::pair<int, std::string>, Entry> entries;

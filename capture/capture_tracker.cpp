@@ -59,7 +59,7 @@ struct FindingKey {
 
 }  // namespace
 
-struct CaptureTracker::Impl final : CaptureListener {
+struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   Allocator* allocator = nullptr;
   std::atomic<bool> strict{false};
   std::atomic<std::uint64_t> ticks{0};

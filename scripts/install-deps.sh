@@ -22,10 +22,14 @@ REQUIRED_PACKAGES=(
   python3
 )
 
-# Optional: GPU toolchains. Empty for now. The hip runtime (a later issue)
-# adds `hipcc libamdhip64-dev` here; CMake builds the GPU runtimes only when
-# it finds their toolkits (CAPALLOC_WITH_HIP / CAPALLOC_WITH_CUDA = AUTO).
-OPTIONAL_PACKAGES=()
+# GPU toolchains that Debian packages: HIP, so that the HIP kernels (and the
+# hip runtime) compile and link on any machine, GPU or not. CUDA is not a
+# Debian 12 package here: nvcc comes with the machine where it is present, and
+# CMake builds the CUDA parts only when it finds it (CAPALLOC_WITH_CUDA=AUTO).
+OPTIONAL_PACKAGES=(
+  hipcc
+  libamdhip64-dev
+)
 
 is_installed() {
   # dpkg-query prints "install ok installed" for a fully installed package.

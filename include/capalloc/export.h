@@ -16,4 +16,12 @@
 #define CAPALLOC_API __attribute__((visibility("default")))
 #endif
 
+/* For definitions of an exported class's private parts (its Impl), which
+ * would otherwise inherit the class's default visibility. */
+#if defined(_WIN32)
+#define CAPALLOC_INTERNAL
+#else
+#define CAPALLOC_INTERNAL __attribute__((visibility("hidden")))
+#endif
+
 #endif /* CAPALLOC_EXPORT_H_ */
