@@ -2,6 +2,8 @@
 //
 //   capalloc arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]
 //       seed 003's four aliasing arms with capalloc as the allocator, and the fix
+//   capalloc gemm-scenario [--runtime host|cuda|hip|auto] [--json]
+//       seed 003's wrong-GEMM scenario, status quo against capalloc
 //   capalloc describe [--runtime host|cuda|hip|auto]
 //       the allocator's self-description, after a small exercise
 //
@@ -25,6 +27,8 @@ const char* const kUsage =
     "commands:\n"
     "  arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
     "      replay seed 003's four aliasing arms with capalloc as the allocator, then the fix\n"
+    "  gemm-scenario [--runtime host|cuda|hip|auto] [--json]\n"
+    "      seed 003's wrong-GEMM scenario: a stream-keyed split-K cache against capalloc's\n"
     "  describe [--runtime host|cuda|hip|auto]\n"
     "      the allocator's self-description and stats after a small exercise\n";
 
@@ -88,6 +92,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const Args args(argv + 2, argv + argc);
   if (command == "arms") return arms_command(args);
+  if (command == "gemm-scenario") return gemm_scenario_command(args);
   if (command == "describe") return describe_command(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::printf("%s", kUsage);

@@ -19,6 +19,7 @@ using Args = std::vector<std::string>;
 
 int describe_command(const Args& args);
 int arms_command(const Args& args);
+int gemm_scenario_command(const Args& args);
 
 // Prints "capalloc: <status>" to stderr and returns 1.
 int fail(const absl::Status& status);
