@@ -362,9 +362,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
   m.live.emplace(block->addr, block);
-  if (ctx.device_may_capture) {
-    m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position);
-  }
+  if (ctx.capture != 0) m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position);
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -380,22 +378,19 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
   }
-  // A free during a capture is reported with the capture position of the
-  // block's stream, so the tracker knows until when the block was in use.
-  CaptureId capture = 0;
-  std::size_t position = 0;
-  const bool device_may_capture = m.runtime->any_capture_active(owner);
-  if (device_may_capture) {
+  // The listener hears of the frees that matter to a tracker: every free of a
+  // block allocated during a capture, whenever it happens (the tracker keeps
+  // such blocks and must not take them for live after their memory is
+  // reused), and every free while a capture is routed on the device, with
+  // the capture position of the block's stream if that stream is capturing.
+  if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
+    CaptureId capture = 0;
+    std::size_t position = 0;
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
       capture = info->id;
       position = info->position;
     }
-  }
-  // The listener also hears of every free of a block allocated during a
-  // capture, whenever it happens: the tracker keeps such blocks in its
-  // history and must not take them for live after their memory is reused.
-  if (device_may_capture || block->capture != 0) {
     m.notify(BlockEvent::Kind::kFree, *block, capture, position);  // before it may merge away
   }
   return m.free_block(block);

@@ -1,16 +1,6 @@
-// capture/capture_tracker.cpp: the capture registry, write records and the
-// alias check at capture end, before replays and on demand.
-//
-// Locking: `mu` guards the registry, the history, the records and the write
-// index, and may be held while calling the allocator or the runtime. The
-// allocator calls the listener with its own lock held, so the listener only
-// appends to `log` under `log_mu`, which is never held while calling out:
-// lock order mu -> allocator -> log_mu, with no cycle. The log is drained
-// into the history whenever the tracker needs it.
-//
-// Per capture the tracker holds: the graph pool (a reference for the graph,
-// released by destroy_graph), the capture's begin tick, and the sequences of
-// the blocks allocated in it.
+// capture/capture_tracker.cpp: the CaptureTracker's public calls: begin and
+// end a capture, replay through the guard, check, destroy. The machinery is
+// in tracker_impl.cpp; the state and its locking in tracker_impl.hpp.
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -25,181 +15,12 @@
 #include "capalloc/capture.hpp"
 #include "capture/alias_rule.hpp"
 #include "capture/block_history.hpp"
+#include "capture/tracker_impl.hpp"
 #include "capture/write_record.hpp"
 
 namespace capalloc {
 
 using detail::IndexedRecord;
-
-namespace {
-
-struct ActiveCapture {
-  CaptureId id = 0;
-  int device = 0;
-  StreamHandle stream = kDefaultStream;
-  PoolHandle pool = kDefaultPool;
-  std::string label;
-  std::uint64_t begin_tick = 0;
-};
-
-struct LoggedEvent {
-  BlockEvent event;
-  std::uint64_t tick;
-};
-
-struct FindingKey {
-  GraphHandle graph;
-  std::uint64_t victim;
-  bool operator==(const FindingKey&) const = default;
-  template <typename H>
-  friend H AbslHashValue(H h, const FindingKey& k) {
-    return H::combine(std::move(h), k.graph, k.victim);
-  }
-};
-
-}  // namespace
-
-struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
-  Allocator* allocator = nullptr;
-  std::atomic<bool> strict{false};
-  std::atomic<std::uint64_t> ticks{0};
-
-  std::mutex log_mu;
-  std::vector<LoggedEvent> log;  // guarded by log_mu
-  std::vector<LoggedEvent> draining;  // guarded by mu
-
-  mutable std::mutex mu;
-  absl::flat_hash_map<StreamHandle, ActiveCapture> active;  // by origin stream
-  absl::flat_hash_map<CaptureId, std::vector<std::uint64_t>> allocated_in;
-  detail::BlockHistory history;
-  absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
-  detail::WriteIndex index;
-  absl::flat_hash_set<FindingKey> reported;
-  // Blocks that records name as writers, with how many writes name them:
-  // the history keeps them (for reuse chains) while their graphs exist.
-  absl::flat_hash_map<std::uint64_t, int> writer_refs;
-  std::size_t history_after_prune = 0;
-
-  void count_writers(const WriteRecord& r, int delta) {
-    for (const RecordedWrite& w : r.writes) {
-      if (w.writer.sequence == 0) continue;
-      if ((writer_refs[w.writer.sequence] += delta) <= 0) writer_refs.erase(w.writer.sequence);
-    }
-  }
-
-  // Forgets freed blocks nothing can ask about any more: no record names
-  // them and no capture in progress began before they were freed. Amortized:
-  // runs when the history has doubled since the last time. Requires mu.
-  void maybe_prune_history() {
-    if (history.size() < 2 * history_after_prune + 4096) return;
-    std::uint64_t oldest_active = ~std::uint64_t{0};
-    for (const auto& [stream, capture] : active) {
-      oldest_active = std::min(oldest_active, capture.begin_tick);
-    }
-    history_after_prune = history.prune([&](const detail::Occupant& o) {
-      return writer_refs.contains(o.block.sequence) || o.free_tick > oldest_active;
-    });
-  }
-
-  void on_block_event(const BlockEvent& event) override {
-    const std::uint64_t tick = ticks.fetch_add(1) + 1;
-    std::lock_guard lock(log_mu);
-    log.push_back({event, tick});
-  }
-
-  // Requires mu.
-  void drain_log() {
-    // Two buffers trade places, so that neither is reallocated (and its
-    // pages faulted in again) once both have grown to a capture's size.
-    {
-      std::lock_guard lock(log_mu);
-      draining.swap(log);
-    }
-    for (const LoggedEvent& e : draining) {
-      const BlockRef ref = BlockRef::from(e.event.block);
-      if (e.event.kind == BlockEvent::Kind::kAllocate) {
-        history.note(e.event.block.device, ref, e.tick);
-        if (ref.capture != 0) allocated_in[ref.capture].push_back(ref.sequence);
-      } else {
-        history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
-      }
-    }
-    draining.clear();
-  }
-
-  // Live blocks overlapping `spans`, noted in the history. Blocks the
-  // history holds as live there but the allocator no longer has were freed
-  // outside any capture (unreported): they are marked so. Requires mu.
-  std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans) {
-    std::vector<BlockRef> out;
-    absl::flat_hash_set<std::uint64_t> live_now;
-    for (const BlockInfo& info : allocator->live_blocks(device, spans)) {
-      out.push_back(BlockRef::from(info));
-      live_now.insert(info.sequence);
-      history.note(device, out.back(), 0);
-    }
-    std::vector<const detail::Occupant*> stale;
-    for (const MemorySpan& span : spans) history.live_overlapping(device, span, stale);
-    for (const detail::Occupant* o : stale) {
-      if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
-    }
-    return out;
-  }
-
-  // The reuse chain that led to a finding: the occupants of the overlap from
-  // the writer to the victim, in allocation order. A range a shared pool has
-  // reused a thousand times keeps its ends and the most recent steps.
-  static constexpr std::size_t kChainLinks = 16;
-  void attach_chain(Finding& f) const {
-    std::vector<ChainLink> links;
-    for (const detail::Occupant* o : history.overlapping(device_of(f), f.overlap)) {
-      const std::uint64_t seq = o->block.sequence;
-      if (seq >= f.writer.sequence && seq <= f.victim.sequence) links.push_back(o->link());
-    }
-    if (links.size() > kChainLinks) {
-      links.erase(links.begin() + 1, links.end() - static_cast<std::ptrdiff_t>(kChainLinks - 1));
-    }
-    f.reuse_chain = std::move(links);
-    f.fix = detail::fix_for(f);
-  }
-  int device_of(const Finding& f) const {
-    auto it = records.find(f.graph);
-    return it == records.end() ? 0 : it->second->record.device;
-  }
-
-  // Findings of one record against the live blocks its writes touch.
-  // Requires mu.
-  std::vector<Finding> check_record(const IndexedRecord& r) {
-    std::vector<MemorySpan> spans;
-    for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
-    std::vector<Finding> out;
-    for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
-      detail::find_clobbers(r, victim, r.writes_overlapping(victim.span()), out);
-    }
-    for (Finding& f : out) attach_chain(f);
-    return out;
-  }
-
-  // Keeps the findings not reported before, and remembers them.
-  std::vector<Finding> only_new(std::vector<Finding> findings) {
-    std::vector<Finding> fresh;
-    for (Finding& f : findings) {
-      if (reported.insert({f.graph, f.victim.sequence}).second) {
-        fresh.push_back(std::move(f));
-      }
-    }
-    return fresh;
-  }
-
-  absl::StatusOr<const IndexedRecord*> record_of(GraphHandle graph) const {
-    auto it = records.find(graph);
-    if (it == records.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "graph %d is unknown to this tracker (not captured through it, or destroyed)", graph));
-    }
-    return it->second.get();
-  }
-};
 
 absl::StatusOr<TrackerOptions> TrackerOptions::from_env() {
   TrackerOptions options;
@@ -264,7 +85,7 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
     a.release_graph_pool(pool).IgnoreError();
     return s;
   }
-  m.active[stream] = ActiveCapture{*id, device, stream, pool, options.label, begin_tick};
+  m.active[stream] = detail::ActiveCapture{*id, device, stream, pool, options.label, begin_tick};
   return *id;
 }
 
@@ -277,7 +98,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "end_capture: stream 0x%x has no capture begun through this tracker", stream));
   }
-  const ActiveCapture capture = it->second;
+  const detail::ActiveCapture capture = it->second;
   m.active.erase(it);
   auto graph = a.runtime().end_capture(stream);
   // Whatever the outcome, the capture no longer allocates into the pool.
@@ -289,58 +110,9 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
     return graph.status();
   }
 
-  WriteRecord record;
-  record.graph = *graph;
-  record.label = capture.label.empty() ? absl::StrCat("graph ", *graph) : capture.label;
-  record.capture = capture.id;
-  record.device = capture.device;
-  record.pool = capture.pool;
-  const detail::CaptureWindow window{capture.id, capture.device, capture.begin_tick};
-  const std::vector<std::uint64_t> allocated = m.allocated_in[capture.id];
-  m.allocated_in.erase(capture.id);
-  if (auto writes = a.runtime().graph_writes(*graph); writes.ok()) {
-    // Note the live blocks the writes touch (allocated before the capture,
-    // outside it) so each write can be tied to its block.
-    std::vector<MemorySpan> spans;
-    for (const GraphWrite& w : *writes) spans.push_back(w.span);
-    m.live_victims(capture.device, std::move(spans));
-    detail::add_declared_writes(*writes, window, m.history, record);
-  } else {
-    detail::add_footprint_writes(allocated, m.history, record);
-  }
-  auto indexed = std::make_unique<IndexedRecord>(std::move(record));
-  const IndexedRecord& r = *indexed;
-  m.index.add(r);
-  m.count_writers(r.record, +1);
-  m.records.emplace(*graph, std::move(indexed));
-
-  // (a) this graph against every live block it writes; (b) blocks this
-  // capture allocated and left live against every other graph's writes.
-  std::vector<Finding> findings = m.check_record(r);
-  std::vector<MemorySpan> escaped_spans;
-  for (std::uint64_t sequence : allocated) {
-    if (const detail::Occupant* o = m.history.find(sequence); o != nullptr && o->live()) {
-      escaped_spans.push_back(o->block.span());
-    }
-  }
-  for (const BlockRef& victim : m.live_victims(capture.device, std::move(escaped_spans))) {
-    absl::flat_hash_map<GraphHandle, std::vector<std::size_t>> by_graph;
-    for (auto [g, w] : m.index.overlapping(capture.device, victim.span())) {
-      if (g != *graph) by_graph[g].push_back(w);
-    }
-    for (auto& [g, writes] : by_graph) {
-      const std::size_t before = findings.size();
-      detail::find_clobbers(*m.records.at(g), victim, writes, findings);
-      for (std::size_t i = before; i < findings.size(); ++i) m.attach_chain(findings[i]);
-    }
-  }
   CaptureResult result;
   result.graph = *graph;
-  result.new_findings = m.only_new(std::move(findings));
-  m.maybe_prune_history();
-  if (detail::log().should_log(spdlog::level::warn)) {
-    for (const Finding& f : result.new_findings) detail::log().warn("{}", f.summary());
-  }
+  result.new_findings = m.finish_capture(capture, *graph, a.runtime().graph_writes(*graph));
   return result;
 }
 
@@ -357,6 +129,7 @@ std::vector<Finding> CaptureTracker::check() {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
   m.drain_log();
+  m.finish_discovered();
   std::vector<Finding> all;
   for (const auto& [graph, record] : m.records) {
     for (Finding& f : m.check_record(*record)) all.push_back(std::move(f));

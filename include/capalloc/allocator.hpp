@@ -131,11 +131,11 @@ struct BlockEvent {
   std::size_t position = 0;
 };
 
-// Observes allocations and frees made while a capture is active on their
-// device, and frees of blocks that were allocated during a capture (nothing
-// else: outside captures, blocks allocated outside captures cost the
-// listener nothing). Called with the allocator's lock held: it must not call
-// the allocator.
+// Observes allocations made on capturing streams, frees made while a capture
+// is routed to a graph pool on the device, and every free of a block that was
+// allocated during a capture (nothing else: outside captures, blocks
+// allocated outside captures cost the listener nothing). Called with the
+// allocator's lock held: it must not call the allocator.
 class CaptureListener {
  public:
   virtual ~CaptureListener() = default;

@@ -1,0 +1,230 @@
+// capture/tracker_impl.cpp: the CaptureTracker's machinery: the event log,
+// the history, records and their checks, and captures discovered through the
+// allocator (see tracker_impl.hpp for the locking and the state).
+#include "capture/tracker_impl.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/runtime/log.hpp"
+
+namespace capalloc {
+
+using detail::IndexedRecord;
+
+void CaptureTracker::Impl::count_writers(const WriteRecord& r, int delta) {
+  for (const RecordedWrite& w : r.writes) {
+    if (w.writer.sequence == 0) continue;
+    if ((writer_refs[w.writer.sequence] += delta) <= 0) writer_refs.erase(w.writer.sequence);
+  }
+}
+
+// Forgets freed blocks nothing can ask about any more: no record names
+// them and no capture in progress began before they were freed. Amortized:
+// runs when the history has doubled since the last time. Requires mu.
+void CaptureTracker::Impl::maybe_prune_history() {
+  if (history.size() < 2 * history_after_prune + 4096) return;
+  std::uint64_t oldest_active = ~std::uint64_t{0};
+  for (const auto& [stream, capture] : active) {
+    oldest_active = std::min(oldest_active, capture.begin_tick);
+  }
+  history_after_prune = history.prune([&](const detail::Occupant& o) {
+    return writer_refs.contains(o.block.sequence) || o.free_tick > oldest_active;
+  });
+}
+
+void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
+  const std::uint64_t tick = ticks.fetch_add(1) + 1;
+  std::lock_guard lock(log_mu);
+  log.push_back({event, tick});
+}
+
+void CaptureTracker::Impl::drain_log() {
+  // Two buffers trade places, so that neither is reallocated (and its
+  // pages faulted in again) once both have grown to a capture's size.
+  {
+    std::lock_guard lock(log_mu);
+    draining.swap(log);
+  }
+  for (const detail::LoggedEvent& e : draining) {
+    const BlockRef ref = BlockRef::from(e.event.block);
+    if (e.event.kind == BlockEvent::Kind::kAllocate) {
+      history.note(e.event.block.device, ref, e.tick);
+      if (ref.capture != 0) {
+        allocated_in[ref.capture].push_back(ref.sequence);
+        note_capture(ref.capture, e.event.block, e.tick);
+      }
+    } else {
+      history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
+    }
+  }
+  draining.clear();
+}
+
+// Live blocks overlapping `spans`, noted in the history. Blocks the
+// history holds as live there but the allocator no longer has were freed
+// outside any capture (unreported): they are marked so. Requires mu.
+std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
+                                                         std::vector<MemorySpan> spans) {
+  std::vector<BlockRef> out;
+  absl::flat_hash_set<std::uint64_t> live_now;
+  for (const BlockInfo& info : allocator->live_blocks(device, spans)) {
+    out.push_back(BlockRef::from(info));
+    live_now.insert(info.sequence);
+    history.note(device, out.back(), 0);
+  }
+  std::vector<const detail::Occupant*> stale;
+  for (const MemorySpan& span : spans) history.live_overlapping(device, span, stale);
+  for (const detail::Occupant* o : stale) {
+    if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
+  }
+  return out;
+}
+
+// The reuse chain that led to a finding: the occupants of the overlap from
+// the writer to the victim, in allocation order. A range a shared pool has
+// reused a thousand times keeps its ends and the most recent steps.
+void CaptureTracker::Impl::attach_chain(Finding& f) const {
+  std::vector<ChainLink> links;
+  for (const detail::Occupant* o : history.overlapping(device_of(f), f.overlap)) {
+    const std::uint64_t seq = o->block.sequence;
+    if (seq >= f.writer.sequence && seq <= f.victim.sequence) links.push_back(o->link());
+  }
+  if (links.size() > kChainLinks) {
+    links.erase(links.begin() + 1, links.end() - static_cast<std::ptrdiff_t>(kChainLinks - 1));
+  }
+  f.reuse_chain = std::move(links);
+  f.fix = detail::fix_for(f);
+}
+int CaptureTracker::Impl::device_of(const Finding& f) const {
+  auto it = records.find(f.graph);
+  return it == records.end() ? 0 : it->second->record.device;
+}
+
+// Findings of one record against the live blocks its writes touch.
+// Requires mu.
+std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) {
+  std::vector<MemorySpan> spans;
+  for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
+  std::vector<Finding> out;
+  for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
+    detail::find_clobbers(r, victim, r.writes_overlapping(victim.span()), out);
+  }
+  for (Finding& f : out) attach_chain(f);
+  return out;
+}
+
+// Keeps the findings not reported before, and remembers them.
+std::vector<Finding> CaptureTracker::Impl::only_new(std::vector<Finding> findings) {
+  std::vector<Finding> fresh;
+  for (Finding& f : findings) {
+    if (reported.insert({f.graph, f.victim.sequence}).second) {
+      fresh.push_back(std::move(f));
+    }
+  }
+  return fresh;
+}
+
+absl::StatusOr<const detail::IndexedRecord*> CaptureTracker::Impl::record_of(
+    GraphHandle graph) const {
+  auto it = records.find(graph);
+  if (it == records.end()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "graph %d is unknown to this tracker (not captured through it, or destroyed)", graph));
+  }
+  return it->second.get();
+}
+
+std::vector<Finding> CaptureTracker::Impl::finish_capture(
+    const detail::ActiveCapture& capture, GraphHandle graph,
+    const absl::StatusOr<std::vector<GraphWrite>>& writes) {
+  WriteRecord record;
+  record.graph = graph;
+  record.label = capture.label.empty() ? absl::StrCat("graph ", graph) : capture.label;
+  record.capture = capture.id;
+  record.device = capture.device;
+  record.pool = capture.pool;
+  const detail::CaptureWindow window{capture.id, capture.device, capture.begin_tick};
+  const std::vector<std::uint64_t> allocated = allocated_in[capture.id];
+  allocated_in.erase(capture.id);
+  if (writes.ok()) {
+    // Note the live blocks the writes touch (allocated before the capture,
+    // outside it) so each write can be tied to its block.
+    std::vector<MemorySpan> spans;
+    for (const GraphWrite& w : *writes) spans.push_back(w.span);
+    live_victims(capture.device, std::move(spans));
+    detail::add_declared_writes(*writes, window, history, record);
+  } else {
+    detail::add_footprint_writes(allocated, history, record);
+  }
+  auto indexed = std::make_unique<IndexedRecord>(std::move(record));
+  const IndexedRecord& r = *indexed;
+  index.add(r);
+  count_writers(r.record, +1);
+  records.emplace(graph, std::move(indexed));
+
+  // (a) this graph against every live block it writes; (b) blocks this
+  // capture allocated and left live against every other graph's writes.
+  std::vector<Finding> findings = check_record(r);
+  std::vector<MemorySpan> escaped_spans;
+  for (std::uint64_t sequence : allocated) {
+    if (const detail::Occupant* o = history.find(sequence); o != nullptr && o->live()) {
+      escaped_spans.push_back(o->block.span());
+    }
+  }
+  for (const BlockRef& victim : live_victims(capture.device, std::move(escaped_spans))) {
+    absl::flat_hash_map<GraphHandle, std::vector<std::size_t>> by_graph;
+    for (auto [g, w] : index.overlapping(capture.device, victim.span())) {
+      if (g != graph) by_graph[g].push_back(w);
+    }
+    for (auto& [g, candidates] : by_graph) {
+      const std::size_t before = findings.size();
+      detail::find_clobbers(*records.at(g), victim, candidates, findings);
+      for (std::size_t i = before; i < findings.size(); ++i) attach_chain(findings[i]);
+    }
+  }
+  std::vector<Finding> fresh = only_new(std::move(findings));
+  maybe_prune_history();
+  if (detail::log().should_log(spdlog::level::warn)) {
+    for (const Finding& f : fresh) detail::log().warn("{}", f.summary());
+  }
+  return fresh;
+}
+
+void CaptureTracker::Impl::note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick) {
+  if (discovered.contains(id)) return;
+  for (const auto& [stream, capture] : active) {
+    if (capture.id == id) return;  // begun through this tracker
+  }
+  // A capture nobody announced: its first allocation is how it shows.
+  discovered.emplace(id, detail::ActiveCapture{id, block.device, block.stream, block.pool,
+                                               absl::StrCat("capture ", id), tick - 1});
+}
+
+std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
+  std::vector<Finding> fresh;
+  std::vector<CaptureId> over;
+  for (const auto& [id, capture] : discovered) {
+    auto info = allocator->runtime().capture_info(capture.stream);
+    if (info.ok() && info->status != CaptureStatus::kNone && info->id == id) continue;
+    over.push_back(id);
+  }
+  std::sort(over.begin(), over.end());
+  for (CaptureId id : over) {
+    const detail::ActiveCapture capture = discovered.at(id);
+    discovered.erase(id);
+    // Nobody will say when its graph is gone: its pool stays (the allocator
+    // keeps a discovered capture's pool), and so does its record.
+    allocator->end_allocate_to_pool(id).IgnoreError();
+    const absl::StatusOr<std::vector<GraphWrite>> no_writes =
+        absl::UnimplementedError("a discovered capture's writes are not listed");
+    for (Finding& f : finish_capture(capture, detail::kDiscoveredGraph | id, no_writes)) {
+      fresh.push_back(std::move(f));
+    }
+  }
+  return fresh;
+}
+
+}  // namespace capalloc

@@ -1,0 +1,123 @@
+// capture/tracker_impl.hpp: the CaptureTracker's state, shared by
+// capture_tracker.cpp (the public calls) and tracker_impl.cpp (records,
+// checks, captures discovered through the allocator).
+//
+// Locking: `mu` guards the registry, the history, the records and the write
+// index, and may be held while calling the allocator or the runtime. The
+// allocator calls the listener with its own lock held, so the listener only
+// appends to `log` under `log_mu`, which is never held while calling out:
+// lock order mu -> allocator -> log_mu, with no cycle. The log is drained
+// into the history whenever the tracker needs it.
+//
+// Per capture the tracker holds: the graph pool (a reference for the graph,
+// released by destroy_graph), the capture's begin tick, and the sequences of
+// the blocks allocated in it. Captures it did not begin (a host application
+// capturing through the native API, as PyTorch does) are discovered from the
+// allocator's events; once their stream has left them, they get a footprint
+// record under a graph handle of their own (kDiscoveredGraph | capture id).
+#ifndef CAPALLOC_CAPTURE_TRACKER_IMPL_HPP_
+#define CAPALLOC_CAPTURE_TRACKER_IMPL_HPP_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "capalloc/capture.hpp"
+#include "capture/alias_rule.hpp"
+#include "capture/block_history.hpp"
+#include "capture/write_record.hpp"
+
+namespace capalloc {
+
+namespace detail {
+
+// Graph handles of records for captures the tracker discovered: the capture
+// id with the top bit set, so they never collide with a runtime's handles.
+inline constexpr GraphHandle kDiscoveredGraph = GraphHandle{1} << 63;
+
+struct ActiveCapture {
+  CaptureId id = 0;
+  int device = 0;
+  StreamHandle stream = kDefaultStream;
+  PoolHandle pool = kDefaultPool;
+  std::string label;
+  std::uint64_t begin_tick = 0;
+};
+
+struct LoggedEvent {
+  BlockEvent event;
+  std::uint64_t tick;
+};
+
+struct FindingKey {
+  GraphHandle graph;
+  std::uint64_t victim;
+  bool operator==(const FindingKey&) const = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const FindingKey& k) {
+    return H::combine(std::move(h), k.graph, k.victim);
+  }
+};
+
+}  // namespace detail
+
+struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
+  using IndexedRecord = detail::IndexedRecord;
+
+  Allocator* allocator = nullptr;
+  std::atomic<bool> strict{false};
+  std::atomic<std::uint64_t> ticks{0};
+
+  std::mutex log_mu;
+  std::vector<detail::LoggedEvent> log;       // guarded by log_mu
+  std::vector<detail::LoggedEvent> draining;  // guarded by mu
+
+  mutable std::mutex mu;
+  absl::flat_hash_map<StreamHandle, detail::ActiveCapture> active;  // by origin stream
+  // Captures seen only through the allocator's events, by id.
+  absl::flat_hash_map<CaptureId, detail::ActiveCapture> discovered;
+  absl::flat_hash_map<CaptureId, std::vector<std::uint64_t>> allocated_in;
+  detail::BlockHistory history;
+  absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
+  detail::WriteIndex index;
+  absl::flat_hash_set<detail::FindingKey> reported;
+  // Blocks that records name as writers, with how many writes name them:
+  // the history keeps them (for reuse chains) while their graphs exist.
+  absl::flat_hash_map<std::uint64_t, int> writer_refs;
+  std::size_t history_after_prune = 0;
+
+
+  void on_block_event(const BlockEvent& event) override;
+
+  // Everything below requires mu.
+  void count_writers(const WriteRecord& r, int delta);
+  void maybe_prune_history();
+  void drain_log();
+  std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans);
+  void attach_chain(Finding& f) const;
+  int device_of(const Finding& f) const;
+  std::vector<Finding> check_record(const IndexedRecord& r);
+  std::vector<Finding> only_new(std::vector<Finding> findings);
+  absl::StatusOr<const IndexedRecord*> record_of(GraphHandle graph) const;
+  // Builds, indexes and checks the record of a finished capture; returns
+  // the new findings (also logged). `writes` absent: a footprint record.
+  std::vector<Finding> finish_capture(const detail::ActiveCapture& capture, GraphHandle graph,
+                                      const absl::StatusOr<std::vector<GraphWrite>>& writes);
+  // Records the discovered captures whose stream has left them; returns
+  // their new findings.
+  std::vector<Finding> finish_discovered();
+  // Registers capture `id`, met in an allocation event, as discovered unless
+  // this tracker began it.
+  void note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick);
+
+  static constexpr std::size_t kChainLinks = 16;
+};
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_CAPTURE_TRACKER_IMPL_HPP_

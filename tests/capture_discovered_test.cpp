@@ -1,0 +1,89 @@
+// Captures the tracker did not begin, as a PyTorch process makes them
+// (torch.cuda.graph calls the native capture API; capalloc sees only malloc
+// and free): the allocator routes their allocations to a private pool by
+// capture id, and the tracker records them with footprint evidence once their
+// stream has left the capture. Seed 003's arm A through that path.
+#include "capalloc/capalloc.h"
+#include "capture/global.hpp"
+#include "capture/tracker_impl.hpp"
+#include "test_support.hpp"
+#include "tools/scenarios/kernels.hpp"
+
+using namespace capalloc;
+
+TEST_CASE("a capture begun outside the tracker is found by check with footprint evidence",
+          "[capture][discovered][seed003]") {
+  auto rt = capalloc::testing::host_runtime();
+  auto alloc = capalloc::testing::make_allocator(rt);
+  auto tracker = CaptureTracker::create(*alloc);
+  REQUIRE_OK(tracker);
+  const StreamHandle s = *rt->create_stream(0);
+  constexpr std::size_t kBytes = std::size_t{1} << 20;
+
+  // The host application captures through the runtime directly.
+  auto id = rt->begin_capture(s, CaptureMode::kGlobal);
+  REQUIRE_OK(id);
+  void* t = *alloc->allocate(kBytes, 0, s, {.tag = "T"});
+  void* sink = *alloc->allocate(4, 0, s, {.tag = "sink"});
+  REQUIRE_OK(rt->launch_kernel(s, scenarios::fill_kernel(static_cast<float*>(t), kBytes / 4, 6.0f)));
+  REQUIRE_OK(alloc->deallocate(t));
+  void* ws = *alloc->allocate(kBytes, 0, s, {.tag = "WS"});
+  CHECK(ws == t);
+  // Its allocations went to a private graph pool, not the default pool.
+  CHECK(alloc->block_info(ws)->pool != kDefaultPool);
+  CHECK(alloc->block_info(ws)->capture == *id);
+  // While the capture runs, check() has nothing to say about it.
+  CHECK((*tracker)->check().empty());
+  auto graph = rt->end_capture(s);
+  REQUIRE_OK(graph);
+
+  const std::vector<Finding> findings = (*tracker)->check();
+  REQUIRE(findings.size() == 1);
+  const Finding& f = findings[0];
+  CHECK(f.victim.tag == "WS");
+  CHECK(f.writer.tag == "T");
+  CHECK(f.evidence == WriteEvidence::kFootprint);
+  CHECK(f.severity == Severity::kHazard);
+  CHECK(f.capture == *id);
+  CHECK((f.graph & detail::kDiscoveredGraph) != 0);
+  CHECK(f.graph_label == "capture " + std::to_string(*id));
+  auto record = (*tracker)->write_record(f.graph);
+  REQUIRE_OK(record);
+  CHECK(record->precision == WriteEvidence::kFootprint);
+
+  REQUIRE_OK(alloc->deallocate(ws));
+  REQUIRE_OK(alloc->deallocate(sink));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_graph(*graph));
+  REQUIRE_OK(rt->destroy_stream(s));
+}
+
+TEST_CASE("the PyTorch entry points on a capturing stream: routed, recorded and checked",
+          "[c_api][torch][discovered][seed003]") {
+  ::setenv("CAPALLOC_RUNTIME", "host", 1);
+  auto global = detail::global_capalloc();
+  REQUIRE_OK(global);
+  DeviceRuntime& rt = global->allocator->runtime();
+  void* stream = nullptr;
+  REQUIRE(capalloc_stream_create(0, &stream) == CAPALLOC_OK);
+  const auto s = reinterpret_cast<StreamHandle>(stream);
+  constexpr std::size_t kBytes = std::size_t{1} << 20;
+
+  // torch.cuda.graph: begin capture natively, then PyTorch's calls only.
+  REQUIRE_OK(rt.begin_capture(s, CaptureMode::kGlobal));
+  void* t = capalloc_torch_malloc(kBytes, 0, stream);
+  REQUIRE(t != nullptr);
+  capalloc_torch_free(t, kBytes, 0, stream);
+  void* ws = capalloc_torch_malloc(kBytes, 0, stream);
+  CHECK(ws == t);
+  REQUIRE_OK(rt.end_capture(s));
+
+  const char* json = nullptr;
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  const std::string findings = json;
+  CHECK(findings.find("\"evidence\":\"footprint\"") != std::string::npos);
+  CHECK(findings.find("\"severity\":\"hazard\"") != std::string::npos);
+  capalloc_torch_free(ws, kBytes, 0, stream);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(stream) == CAPALLOC_OK);
+}
