@@ -23,6 +23,7 @@ namespace capalloc::detail {
 
 absl::Status launch_split_k_on_device(std::string_view runtime, const splitk::Params& params,
                                       void* native_stream) {
+  (void)params, (void)native_stream;  // unused when built without GPU kernels
   char error[256] = {};
   int rc = -1;
   if (runtime == "cuda") {
