@@ -1,8 +1,11 @@
-# GPU toolkits: the portable split-K kernel (gemm/split_k_device.cu) built by
-# nvcc and by hipcc, each into an object library the capalloc libraries take
-# in. CAPALLOC_WITH_CUDA / CAPALLOC_WITH_HIP: AUTO builds what is found, ON
-# requires it, OFF skips it. Neither needs a GPU to build; kernels run only on
-# a GPU machine.
+# GPU toolkits: for each toolkit found, the portable split-K kernel
+# (gemm/split_k_device.cu, built by nvcc or hipcc) and the DeviceRuntime
+# (allocator/runtime/cuda_runtime.cpp or hip_runtime.cpp, plain C++ built by
+# the host compiler against the toolkit's runtime headers), each into objects
+# the capalloc libraries take in. CAPALLOC_WITH_CUDA / CAPALLOC_WITH_HIP: AUTO
+# builds what is found, ON requires it, OFF skips it. Neither needs a GPU to
+# build; kernels and runtimes run only on a GPU machine ("auto" picks the host
+# runtime elsewhere).
 set(CAPALLOC_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures of the kernels")
 set(CAPALLOC_HIP_ARCHITECTURES "gfx90a;gfx940" CACHE STRING
     "HIP offload architectures of the kernels (Debian's HIP 5.2 knows no gfx942; gfx940 is its CDNA3 target)")
@@ -10,6 +13,21 @@ set(CAPALLOC_HIP_ARCHITECTURES "gfx90a;gfx940" CACHE STRING
 set(CAPALLOC_GPU_OBJECTS "")
 set(CAPALLOC_GPU_LIBRARIES "")
 set(CAPALLOC_GPU_DEFINITIONS "")
+
+# capalloc_gpu_runtime(<target> <source> <definition>): the object library of
+# one GPU DeviceRuntime, compiled like capalloc's own sources (hidden
+# visibility, warnings as errors); the caller adds the toolkit's includes,
+# definitions and libraries. <definition> tells runtime_factory.cpp it exists.
+function(capalloc_gpu_runtime target source definition)
+  add_library(${target} OBJECT ${source})
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+  target_compile_definitions(${target} PRIVATE CAPALLOC_BUILDING_LIBRARY ${definition})
+  set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  target_link_libraries(${target} PRIVATE absl::status absl::statusor absl::flat_hash_map
+    absl::strings absl::str_format spdlog::spdlog)
+  capalloc_set_warnings(${target})
+endfunction()
 
 # --- CUDA ----------------------------------------------------------------------
 if(NOT CAPALLOC_WITH_CUDA STREQUAL "OFF")
@@ -27,11 +45,16 @@ if(NOT CAPALLOC_WITH_CUDA STREQUAL "OFF")
       CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
     target_include_directories(capalloc_gemm_cuda PRIVATE ${PROJECT_SOURCE_DIR})
     target_compile_definitions(capalloc_gemm_cuda PRIVATE CAPALLOC_DEVICE_API_CUDA)
-    list(APPEND CAPALLOC_GPU_OBJECTS $<TARGET_OBJECTS:capalloc_gemm_cuda>)
+    # The cuda runtime: CUDA::cudart's headers come in as system includes.
+    capalloc_gpu_runtime(capalloc_runtime_cuda allocator/runtime/cuda_runtime.cpp
+      CAPALLOC_HAVE_CUDA_RUNTIME)
+    target_link_libraries(capalloc_runtime_cuda PRIVATE CUDA::cudart)
+    list(APPEND CAPALLOC_GPU_OBJECTS $<TARGET_OBJECTS:capalloc_gemm_cuda>
+      $<TARGET_OBJECTS:capalloc_runtime_cuda>)
     list(APPEND CAPALLOC_GPU_LIBRARIES CUDA::cudart)
-    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_CUDA_KERNELS)
+    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_CUDA_KERNELS CAPALLOC_HAVE_CUDA_RUNTIME)
     set(CAPALLOC_HAVE_CUDA ON)
-    message(STATUS "capalloc: CUDA kernels for ${CAPALLOC_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
+    message(STATUS "capalloc: CUDA runtime and kernels for ${CAPALLOC_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
   elseif(CAPALLOC_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "CAPALLOC_WITH_CUDA=ON but no CUDA compiler was found")
   else()
@@ -40,32 +63,51 @@ if(NOT CAPALLOC_WITH_CUDA STREQUAL "OFF")
 endif()
 
 # --- HIP -----------------------------------------------------------------------
+# capalloc_hipcc_object(<out_var> <name> <source.cu> [<header>...]): compiles a
+# portable kernel source with hipcc for CAPALLOC_HIP_ARCHITECTURES into
+# <binary dir>/<name>.o and sets <out_var> to its path.
+function(capalloc_hipcc_object out_var name source)
+  set(object ${CMAKE_CURRENT_BINARY_DIR}/${name}.o)
+  set(arch_flags "")
+  foreach(arch IN LISTS CAPALLOC_HIP_ARCHITECTURES)
+    list(APPEND arch_flags --offload-arch=${arch})
+  endforeach()
+  set(depends ${PROJECT_SOURCE_DIR}/${source})
+  foreach(header IN LISTS ARGN)
+    list(APPEND depends ${PROJECT_SOURCE_DIR}/${header})
+  endforeach()
+  add_custom_command(OUTPUT ${object}
+    COMMAND ${CAPALLOC_HIPCC} -x hip -std=c++17 -O2 -fPIC -fvisibility=hidden ${arch_flags}
+            -DCAPALLOC_DEVICE_API_HIP -I${PROJECT_SOURCE_DIR}
+            -c ${PROJECT_SOURCE_DIR}/${source} -o ${object}
+    DEPENDS ${depends}
+    COMMENT "hipcc: ${source} for ${CAPALLOC_HIP_ARCHITECTURES}"
+    VERBATIM)
+  set(${out_var} ${object} PARENT_SCOPE)
+endfunction()
+
 # Built with hipcc directly: Debian's HIP packages ship no CMake language
 # support that works without ROCm's own layout.
 if(NOT CAPALLOC_WITH_HIP STREQUAL "OFF")
   find_program(CAPALLOC_HIPCC hipcc)
   find_library(CAPALLOC_AMDHIP64 amdhip64)
-  if(CAPALLOC_HIPCC AND CAPALLOC_AMDHIP64)
-    set(hip_object ${CMAKE_CURRENT_BINARY_DIR}/gemm_split_k_hip.o)
-    set(hip_arch_flags "")
-    foreach(arch IN LISTS CAPALLOC_HIP_ARCHITECTURES)
-      list(APPEND hip_arch_flags --offload-arch=${arch})
-    endforeach()
-    add_custom_command(OUTPUT ${hip_object}
-      COMMAND ${CAPALLOC_HIPCC} -x hip -std=c++17 -O2 -fPIC -fvisibility=hidden ${hip_arch_flags}
-              -DCAPALLOC_DEVICE_API_HIP -I${PROJECT_SOURCE_DIR}
-              -c ${PROJECT_SOURCE_DIR}/gemm/split_k_device.cu -o ${hip_object}
-      DEPENDS ${PROJECT_SOURCE_DIR}/gemm/split_k_device.cu ${PROJECT_SOURCE_DIR}/gemm/split_k_kernel.cuh
-      COMMENT "hipcc: split-K kernel for ${CAPALLOC_HIP_ARCHITECTURES}"
-      VERBATIM)
-    add_custom_target(capalloc_gemm_hip DEPENDS ${hip_object})
-    list(APPEND CAPALLOC_GPU_OBJECTS ${hip_object})
+  find_path(CAPALLOC_HIP_INCLUDE_DIR hip/hip_runtime_api.h PATHS /opt/rocm/include)
+  if(CAPALLOC_HIPCC AND CAPALLOC_AMDHIP64 AND CAPALLOC_HIP_INCLUDE_DIR)
+    capalloc_hipcc_object(hip_object gemm_split_k_hip gemm/split_k_device.cu gemm/split_k_kernel.cuh)
+    # The hip runtime: the HIP runtime API header works from the host
+    # compiler once the platform is named; system include, so its own
+    # warnings stay out of ours.
+    capalloc_gpu_runtime(capalloc_runtime_hip allocator/runtime/hip_runtime.cpp
+      CAPALLOC_HAVE_HIP_RUNTIME)
+    target_compile_definitions(capalloc_runtime_hip PRIVATE __HIP_PLATFORM_AMD__)
+    target_include_directories(capalloc_runtime_hip SYSTEM PRIVATE ${CAPALLOC_HIP_INCLUDE_DIR})
+    list(APPEND CAPALLOC_GPU_OBJECTS ${hip_object} $<TARGET_OBJECTS:capalloc_runtime_hip>)
     list(APPEND CAPALLOC_GPU_LIBRARIES ${CAPALLOC_AMDHIP64})
-    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_HIP_KERNELS)
+    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_HIP_KERNELS CAPALLOC_HAVE_HIP_RUNTIME)
     set(CAPALLOC_HAVE_HIP ON)
-    message(STATUS "capalloc: HIP kernels for ${CAPALLOC_HIP_ARCHITECTURES} (${CAPALLOC_HIPCC})")
+    message(STATUS "capalloc: HIP runtime and kernels for ${CAPALLOC_HIP_ARCHITECTURES} (${CAPALLOC_HIPCC})")
   elseif(CAPALLOC_WITH_HIP STREQUAL "ON")
-    message(FATAL_ERROR "CAPALLOC_WITH_HIP=ON but hipcc or libamdhip64 was not found")
+    message(FATAL_ERROR "CAPALLOC_WITH_HIP=ON but hipcc, libamdhip64 or hip/hip_runtime_api.h was not found")
   else()
     message(STATUS "capalloc: no HIP toolkit found; building without HIP")
   endif()

@@ -177,8 +177,7 @@ absl::Status launch_split_k_gemm(DeviceRuntime& runtime, StreamHandle stream,
   // Arguments by value, as a GPU launch takes them: nothing of the caller's
   // is referenced once the launch has run.
   k.host_body = [params] { run_units_on_host(params); };
-  const std::string runtime_name(runtime.name());
-  k.device_body = [params, runtime_name](void* native_stream) {
+  k.device_body = [params](std::string_view runtime_name, void* native_stream) {
     return detail::launch_split_k_on_device(runtime_name, params, native_stream);
   };
   return runtime.launch_kernel(stream, std::move(k));

@@ -110,7 +110,8 @@ struct KernelLaunch {
   std::vector<MemorySpan> reads{};
   std::vector<MemorySpan> writes{};
   std::function<void()> host_body{};
-  std::function<absl::Status(void* native_stream)> device_body{};
+  // Called with the runtime's name ("cuda", "hip") and its native stream.
+  std::function<absl::Status(std::string_view runtime, void* native_stream)> device_body{};
 };
 
 struct DeviceMemoryInfo {

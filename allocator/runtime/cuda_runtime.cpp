@@ -1,0 +1,163 @@
+// cuda_runtime.cpp: the `cuda` DeviceRuntime (CudaRuntime): the shared GPU
+// implementation (gpu_runtime.inc, gpu_graph.inc) over the CUDA runtime API,
+// plus what only CUDA has: the CUDA 13 capture query and kernel parameter
+// inspection through the driver.
+//
+// Plain C++ (no nvcc), linked against libcudart only. The driver functions
+// it needs (cuGraphKernelNodeGetParams, cuFuncGetParamInfo and
+// cuKernelGetParamInfo, CUDA >= 12.4) are looked up once through
+// cudaGetDriverEntryPointByVersion at the version of the CUDA headers built
+// against, so the prototypes in <cuda.h> are the ones the driver hands back
+// and libcuda is never linked. A driver without them leaves kernel nodes
+// uninspected (graph_writes then falls back as gpu_graph.inc describes).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#define CAPALLOC_GPU(name) cuda##name
+#define CAPALLOC_GPU_PREFIX "cuda"
+#define CAPALLOC_GPU_RUNTIME CudaRuntime
+#define CAPALLOC_GPU_RUNTIME_NAME "cuda"
+#define CAPALLOC_GPU_DISPLAY_NAME "CUDA"
+#define CAPALLOC_GPU_FACTORY make_cuda_runtime
+
+// The class and its first half, then capture and graphs: in this order.
+#include "allocator/runtime/gpu_runtime.inc"
+//
+#include "allocator/runtime/gpu_graph.inc"
+
+namespace capalloc::detail {
+namespace {
+
+NativeError query_native_capture(NativeStream stream, bool with_dependencies, NativeCapture& out) {
+  const cudaGraphNode_t* dependencies = nullptr;
+  // Asked for with the dependencies, so that edges carrying data (programmatic
+  // launches) do not make the query fail as lossy.
+  const cudaGraphEdgeData* edges = nullptr;
+  std::size_t count = 0;
+  const cudaError_t e = with_dependencies
+                            ? cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph,
+                                                       &dependencies, &edges, &count)
+                            : cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph);
+  if (e == cudaSuccess && dependencies != nullptr) {
+    // Valid only until the next call on the stream: copy now.
+    out.dependencies.assign(dependencies, dependencies + count);
+  }
+  return e;
+}
+
+NodeKind classify_node(NativeNodeType type) {
+  switch (type) {
+    case cudaGraphNodeTypeKernel:
+      return NodeKind::kKernel;
+    case cudaGraphNodeTypeMemset:
+      return NodeKind::kMemset;
+    case cudaGraphNodeTypeMemcpy:
+      return NodeKind::kMemcpy;
+    case cudaGraphNodeTypeGraph:
+      return NodeKind::kChildGraph;
+    case cudaGraphNodeTypeConditional:  // bodies hold nodes of their own
+      return NodeKind::kOpaqueWriter;
+    default:
+      return NodeKind::kNoDeviceWrite;
+  }
+}
+
+// The driver functions kernel inspection needs, resolved once.
+struct DriverEntryPoints {
+  decltype(&::cuGraphKernelNodeGetParams) kernel_node_params = nullptr;
+  decltype(&::cuFuncGetParamInfo) func_param_info = nullptr;
+  decltype(&::cuKernelGetParamInfo) kernel_param_info = nullptr;
+  decltype(&::cuGetErrorName) error_name = nullptr;
+  std::string missing;  // the symbols the driver did not give, for messages
+};
+
+template <typename Fn>
+void resolve(const char* symbol, Fn& fn, std::string& missing) {
+  void* address = nullptr;
+  cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &address, CUDART_VERSION,
+                                                         cudaEnableDefault, &result);
+  if (e != cudaSuccess || result != cudaDriverEntryPointSuccess || address == nullptr) {
+    (void)cudaGetLastError();
+    missing += missing.empty() ? symbol : std::string(", ") + symbol;
+    return;
+  }
+  fn = reinterpret_cast<Fn>(address);
+}
+
+const DriverEntryPoints& driver() {
+  static const DriverEntryPoints points = [] {
+    DriverEntryPoints p;
+    resolve("cuGraphKernelNodeGetParams", p.kernel_node_params, p.missing);
+    resolve("cuFuncGetParamInfo", p.func_param_info, p.missing);
+    resolve("cuKernelGetParamInfo", p.kernel_param_info, p.missing);
+    resolve("cuGetErrorName", p.error_name, p.missing);
+    return p;
+  }();
+  return points;
+}
+
+std::string driver_error(const DriverEntryPoints& d, CUresult r, std::string_view call) {
+  const char* name = nullptr;
+  if (d.error_name == nullptr || d.error_name(r, &name) != CUDA_SUCCESS || name == nullptr) {
+    return absl::StrFormat("%s: CUresult %d", call, static_cast<int>(r));
+  }
+  return absl::StrFormat("%s: %s", call, name);
+}
+
+// More parameters than any kernel can take (the parameter space is 32 KiB):
+// a bound on the walk should the driver never say "past the last one".
+constexpr std::size_t kMaxKernelParams = 32768;
+
+absl::Status read_kernel_pointer_params(NativeGraphNode node, std::vector<std::uintptr_t>& out) {
+  const DriverEntryPoints& d = driver();
+  if (d.kernel_node_params == nullptr ||
+      (d.func_param_info == nullptr && d.kernel_param_info == nullptr)) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "kernel parameters cannot be inspected: the CUDA driver does not provide %s (CUDA >= "
+        "12.4 needed)",
+        d.missing));
+  }
+  CUDA_KERNEL_NODE_PARAMS params{};
+  if (const CUresult r = d.kernel_node_params(node, &params); r != CUDA_SUCCESS) {
+    return absl::InternalError(driver_error(d, r, "cuGraphKernelNodeGetParams"));
+  }
+  if (params.kernelParams == nullptr) {
+    return absl::UnimplementedError(
+        "kernel parameters cannot be inspected: the kernel node passes its arguments packed in "
+        "`extra`");
+  }
+  auto param_info = [&](std::size_t index, std::size_t* offset, std::size_t* size) -> CUresult {
+    if (params.func != nullptr && d.func_param_info != nullptr) {
+      return d.func_param_info(params.func, index, offset, size);
+    }
+    if (params.kern != nullptr && d.kernel_param_info != nullptr) {
+      return d.kernel_param_info(params.kern, index, offset, size);
+    }
+    return CUDA_ERROR_NOT_SUPPORTED;
+  };
+  for (std::size_t index = 0; index < kMaxKernelParams; ++index) {
+    std::size_t offset = 0;
+    std::size_t size = 0;
+    const CUresult r = param_info(index, &offset, &size);
+    // The query's answer past the last parameter (a kernel without
+    // parameters answers it for index 0 and writes through none).
+    if (r == CUDA_ERROR_INVALID_VALUE) break;
+    if (r != CUDA_SUCCESS) {
+      return absl::UnimplementedError(absl::StrFormat(
+          "kernel parameters cannot be inspected: %s",
+          driver_error(d, r,
+                       params.func != nullptr ? "cuFuncGetParamInfo" : "cuKernelGetParamInfo")));
+    }
+    if (size != sizeof(std::uint64_t) || params.kernelParams[index] == nullptr) continue;
+    std::uint64_t value = 0;
+    std::memcpy(&value, params.kernelParams[index], sizeof value);
+    if (value != 0) out.push_back(static_cast<std::uintptr_t>(value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace capalloc::detail

@@ -1,0 +1,141 @@
+// tools/bench_gemm_cuda.cpp: capalloc's split-K GEMM against cuBLAS on the
+// cuda runtime, on seed 003's shapes, timed with CUDA events in one run.
+// Prints microseconds per GEMM for both and the ratio (capalloc / cuBLAS);
+// also checks that the two results agree. A program, not a test: it needs a
+// GPU and makes no pass/fail judgement on time.
+//
+//   capalloc_bench_gemm_cuda [--iters N]
+//
+// Both sides use bf16 inputs and output with fp32 accumulation (cuBLAS's
+// cublasGemmEx, CUBLAS_COMPUTE_32F); capalloc runs split_k = 4.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "capalloc/allocator.hpp"
+#include "capalloc/gemm.hpp"
+#include "capalloc/persistent_cache.hpp"
+#include "capalloc/runtime.hpp"
+#include "gemm/numeric.hpp"
+
+namespace {
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "capalloc_bench_gemm_cuda: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void check(const absl::Status& s) {
+  if (!s.ok()) die(s.ToString());
+}
+
+void check_cuda(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) die(std::string(call) + ": " + cudaGetErrorName(e));
+}
+
+void check_cublas(cublasStatus_t s, const char* call) {
+  if (s != CUBLAS_STATUS_SUCCESS) die(std::string(call) + ": cuBLAS status " + std::to_string(s));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 50;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--iters" && i + 1 < argc) {
+      iters = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters N]\n", argv[0]);
+      return 2;
+    }
+  }
+  capalloc::set_log_level("error").IgnoreError();
+  auto runtime = capalloc::make_runtime("cuda");
+  if (!runtime.ok()) die(runtime.status().ToString());
+  auto allocator = capalloc::Allocator::create(*runtime);
+  if (!allocator.ok()) die(allocator.status().ToString());
+  capalloc::PersistentCache cache(**allocator);
+  capalloc::SplitKGemm gemm(**allocator, cache);
+  check(gemm.preallocate_split_k(0));
+  capalloc::Allocator& a = **allocator;
+
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const auto handle = reinterpret_cast<capalloc::StreamHandle>(stream);
+  cublasHandle_t blas;
+  check_cublas(cublasCreate(&blas), "cublasCreate");
+  check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+
+  std::printf("%4s %5s %5s %14s %12s %8s %12s\n", "M", "N", "K", "capalloc us", "cuBLAS us",
+              "ratio", "max |diff|");
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.125f);
+  for (int m : {1, 16, 64}) {
+    for (auto [n, k] : {std::pair{2048, 2048}, std::pair{3584, 7168}}) {
+      std::vector<std::uint16_t> ha(static_cast<std::size_t>(m) * k), hb(static_cast<std::size_t>(n) * k);
+      for (auto& v : ha) v = capalloc::detail::float_to_bf16(normal(rng));
+      for (auto& v : hb) v = capalloc::detail::float_to_bf16(normal(rng));
+      auto da = a.allocate(ha.size() * 2, 0, handle);
+      auto db = a.allocate(hb.size() * 2, 0, handle);
+      auto dc1 = a.allocate(static_cast<std::size_t>(m) * n * 2, 0, handle);
+      auto dc2 = a.allocate(static_cast<std::size_t>(m) * n * 2, 0, handle);
+      if (!da.ok() || !db.ok() || !dc1.ok() || !dc2.ok()) die("allocation failed");
+      check_cuda(cudaMemcpy(*da, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+      check_cuda(cudaMemcpy(*db, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+      capalloc::GemmProblem p{.m = m, .n = n, .k = k, .a = *da, .a_type = capalloc::DType::kBF16,
+                              .b = *db, .b_type = capalloc::DType::kBF16, .c = *dc1,
+                              .c_type = capalloc::DType::kBF16, .split_k = 4};
+      const float alpha = 1.0f, beta = 0.0f;
+      auto run_cublas = [&] {
+        // Row-major C = A B^T is column-major C^T = B A^T.
+        check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, *db,
+                                  CUDA_R_16BF, k, *da, CUDA_R_16BF, k, &beta, *dc2, CUDA_R_16BF,
+                                  n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx");
+      };
+      // Warm both, then time each over `iters` launches.
+      check(gemm.run(0, handle, p));
+      run_cublas();
+      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      float ms_capalloc = 0, ms_cublas = 0;
+      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      for (int i = 0; i < iters; ++i) check(gemm.run(0, handle, p));
+      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      check_cuda(cudaEventElapsedTime(&ms_capalloc, start, stop), "cudaEventElapsedTime");
+      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+      for (int i = 0; i < iters; ++i) run_cublas();
+      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+      check_cuda(cudaEventElapsedTime(&ms_cublas, start, stop), "cudaEventElapsedTime");
+      std::vector<std::uint16_t> c1(static_cast<std::size_t>(m) * n), c2(c1.size());
+      check_cuda(cudaMemcpy(c1.data(), *dc1, c1.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      check_cuda(cudaMemcpy(c2.data(), *dc2, c2.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      double max_diff = 0;
+      for (std::size_t i = 0; i < c1.size(); ++i) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(
+                                          capalloc::detail::bf16_to_float(c1[i]) -
+                                          capalloc::detail::bf16_to_float(c2[i]))));
+      }
+      const double us_capalloc = 1000.0 * ms_capalloc / iters;
+      const double us_cublas = 1000.0 * ms_cublas / iters;
+      std::printf("%4d %5d %5d %14.1f %12.1f %8.2f %12.4g\n", m, n, k, us_capalloc, us_cublas,
+                  us_capalloc / us_cublas, max_diff);
+      for (void* ptr : {*da, *db, *dc1, *dc2}) check(a.deallocate(ptr));
+    }
+  }
+  std::printf("ratio = capalloc split-K / cuBLAS, time per GEMM over %d launches; lower is better\n",
+              iters);
+  cublasDestroy(blas);
+  cudaStreamDestroy(stream);
+  return 0;
+}
