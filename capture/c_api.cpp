@@ -229,6 +229,15 @@ capalloc_status capalloc_check(const char** findings_json) {
   });
 }
 
+capalloc_status capalloc_snapshot(const char** json) {
+  if (json == nullptr) return null_argument("capalloc_snapshot", "json");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    last_json = g.tracker->snapshot_json();
+    *json = last_json.c_str();
+    return absl::OkStatus();
+  });
+}
+
 capalloc_status capalloc_set_strict(int strict) {
   return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
     g.tracker->set_strict(strict != 0);

@@ -90,9 +90,12 @@ TEST_CASE("record_stream: a block still read on stream B is not reused until B's
 
 TEST_CASE("record_stream: without it the hazard is real (the cookie test can see it)",
           "[streams]") {
-  // The control arm: the same kernel, but the host forgets record_stream.
-  // The allocator then hands the block back at once on the owning stream and
-  // the reader sees the new owner's data. This shows the test above would
+  // The control arm: a kernel on stream B still has to read the block when
+  // the host frees it on A without record_stream. The allocator then hands
+  // the block back at once on A, the new owner writes it, and B's kernel
+  // reads the new owner's data. The kernel waits for the new owner's write
+  // through a future (not a timing race), so the outcome is deterministic and
+  // the test stays clean under ThreadSanitizer. It shows the test above would
   // catch a reuse that ignored stream B.
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
@@ -100,17 +103,24 @@ TEST_CASE("record_stream: without it the hazard is real (the cookie test can see
   const StreamHandle b = *rt->create_stream(0);
   void* p = *alloc->allocate(kBlock, 0, a);
   capalloc::testing::write_cookie(p, 256, kCookie);
-  CookieReader reader;
-  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
-  reader.started.get_future().wait();
+  std::promise<void> rewritten;
+  std::shared_future<void> rewritten_future = rewritten.get_future().share();
+  std::atomic<bool> damaged{false};
+  KernelLaunch late_reader;
+  late_reader.name = "late_reader";
+  late_reader.reads = {{p, kBlock}};
+  late_reader.host_body = [p, rewritten_future, &damaged] {
+    rewritten_future.wait();
+    damaged.store(!capalloc::testing::cookie_intact(p, 256, kCookie));
+  };
+  REQUIRE_OK(rt->launch_kernel(b, late_reader));
   REQUIRE_OK(alloc->deallocate(p));
   void* q = *alloc->allocate(kBlock, 0, a);
   CHECK(q == p);  // reused at once: same stream, no recorded use elsewhere
   std::memset(q, 0x5A, kBlock);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  reader.stop.store(true);
+  rewritten.set_value();
   REQUIRE_OK(rt->synchronize_stream(b));
-  CHECK(reader.damaged_reads.load() > 0);
+  CHECK(damaged.load());
   REQUIRE_OK(alloc->deallocate(q));
   REQUIRE_OK(rt->destroy_stream(a));
   REQUIRE_OK(rt->destroy_stream(b));

@@ -115,6 +115,9 @@ CAPALLOC_API capalloc_status capalloc_graph_destroy(uint64_t graph);
 /* Every graph against the live blocks now. */
 CAPALLOC_API capalloc_status capalloc_check(const char** findings_json);
 CAPALLOC_API capalloc_status capalloc_set_strict(int strict);
+/* The allocator's and the tracker's state as JSON (docs/snapshot.md), in the
+ * same thread-local string as findings. */
+CAPALLOC_API capalloc_status capalloc_snapshot(const char** json);
 
 /* --- Persistent buffers by (device, key) -------------------------------------
  * capalloc_preallocate creates (or returns) the buffer during warmup; it is

@@ -164,6 +164,10 @@ class CAPALLOC_API CaptureTracker {
   std::vector<Finding> check();
 
   absl::StatusOr<WriteRecord> write_record(GraphHandle graph) const;
+  // The allocator's and the tracker's state as JSON (docs/snapshot.md):
+  // per device stats and live blocks, the graphs, captures in progress and
+  // the current findings.
+  std::string snapshot_json();
   // Every block known to have occupied part of `span`, in allocation order.
   std::vector<ChainLink> reuse_chain(int device, MemorySpan span);
 
