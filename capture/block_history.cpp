@@ -39,6 +39,7 @@ Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t al
   DeviceIndex& d = devices_[device];
   d.all.add(block.span().begin(), block.size, index);
   d.live.add(block.span().begin(), block.size, index);
+  if (block.capture == 0) d.live_outside.add(block.span().begin(), block.size, index);
   return occupants_[index];
 }
 
@@ -53,6 +54,7 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   o.freed_at = position;
   DeviceIndex& d = devices_[device];
   d.live.remove(block.span().begin(), index);
+  if (block.capture == 0) d.live_outside.remove(block.span().begin(), index);
   d.freed.push_back(index);
 }
 
@@ -72,6 +74,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants) {
     d.all.add(o.block.span().begin(), o.block.size, i);
     if (o.live()) {
       d.live.add(o.block.span().begin(), o.block.size, i);
+      if (o.block.capture == 0) d.live_outside.add(o.block.span().begin(), o.block.size, i);
     } else {
       freed.push_back(i);
     }
@@ -92,6 +95,7 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
   // of the `freed` list, which is kept in tick order for recent frees.
   o.free_tick = 1;
   devices_[device].live.remove(o.block.span().begin(), it->second);
+  if (o.block.capture == 0) devices_[device].live_outside.remove(o.block.span().begin(), it->second);
 }
 
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
@@ -117,6 +121,15 @@ void BlockHistory::live_overlapping(int device, MemorySpan span,
   auto d = devices_.find(device);
   if (d == devices_.end()) return;
   d->second.live.for_overlapping(span, [&](std::size_t i) {
+    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+  });
+}
+
+void BlockHistory::live_outside_overlapping(int device, MemorySpan span,
+                                            std::vector<const Occupant*>& out) const {
+  auto d = devices_.find(device);
+  if (d == devices_.end()) return;
+  d->second.live_outside.for_overlapping(span, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
 }

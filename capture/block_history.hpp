@@ -53,6 +53,10 @@ class BlockHistory {
   std::vector<const Occupant*> overlapping(int device, MemorySpan span) const;
   // Appends the live occupants overlapping `span` to `out`. Unordered.
   void live_overlapping(int device, MemorySpan span, std::vector<const Occupant*>& out) const;
+  // Likewise, only those allocated outside any capture: the only ones whose
+  // free the allocator may not report, so the only ones that can go stale.
+  void live_outside_overlapping(int device, MemorySpan span,
+                                std::vector<const Occupant*>& out) const;
   // Occupants freed after `tick`, in free order.
   std::vector<const Occupant*> freed_since(int device, std::uint64_t tick) const;
 
@@ -88,6 +92,7 @@ class BlockHistory {
   struct DeviceIndex {
     AddressIndex all;   // every occupant ever noted
     AddressIndex live;  // occupants not freed
+    AddressIndex live_outside;  // of those, the ones allocated outside captures
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
   void rebuild(std::deque<Occupant> occupants);

@@ -76,7 +76,7 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
     history.note(device, out.back(), 0);
   }
   std::vector<const detail::Occupant*> stale;
-  for (const MemorySpan& span : spans) history.live_overlapping(device, span, stale);
+  for (const MemorySpan& span : spans) history.live_outside_overlapping(device, span, stale);
   for (const detail::Occupant* o : stale) {
     if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
   }
