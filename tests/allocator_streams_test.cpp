@@ -150,13 +150,8 @@ TEST_CASE("pending frees hold their segment until the event completes and empty_
   const StreamHandle a = *rt->create_stream(0);
   const StreamHandle b = *rt->create_stream(0);
   void* p = *alloc->allocate(kBlock, 0, a);
-  std::promise<void> release_kernel;
-  auto gate = release_kernel.get_future().share();
-  KernelLaunch hold;
-  hold.name = "hold";
-  hold.reads = {{p, kBlock}};
-  hold.host_body = [gate] { gate.wait(); };
-  REQUIRE_OK(rt->launch_kernel(b, hold));
+  capalloc::testing::Gate gate;
+  REQUIRE_OK(rt->launch_kernel(b, gate.kernel(p, kBlock)));
   REQUIRE_OK(alloc->record_stream(p, b));
   REQUIRE_OK(alloc->deallocate(p));
 
@@ -166,7 +161,7 @@ TEST_CASE("pending frees hold their segment until the event completes and empty_
   CHECK(alloc->stats(0)->segments.current == 1);
   CHECK(alloc->stats(0)->pending_free_blocks == 1);
 
-  release_kernel.set_value();
+  gate.open();
   REQUIRE_OK(rt->synchronize_stream(b));
   REQUIRE_OK(alloc->empty_cache(0));
   CHECK(alloc->stats(0)->segments.current == 0);

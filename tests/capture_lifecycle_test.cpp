@@ -9,90 +9,23 @@
 // persistent cache around captures.
 // These are the paths a wrong answer or a leak would hide in, so each test
 // checks the stats and CheckInvariants, not just the status codes.
-#include <algorithm>
-#include <functional>
-#include <future>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "capalloc/capture.hpp"
 #include "capalloc/persistent_cache.hpp"
-#include "test_support.hpp"
+#include "capture_test_support.hpp"
 #include "tools/scenarios/kernels.hpp"
 
 using namespace capalloc;
+using namespace capalloc::testing;
 using capalloc::scenarios::fill_kernel;
 using capalloc::scenarios::scale_kernel;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
-using capalloc::testing::same_state;
 
 namespace {
 
 constexpr std::size_t N = 4096;  // floats per tensor: 16 KiB, a small-segment request
 constexpr std::size_t kBytes = N * sizeof(float);
-
-// One allocator and tracker over a host runtime, and a stream to capture on.
-struct World {
-  explicit World(AllocatorOptions options = {})
-      : rt(host_runtime()),
-        alloc(make_allocator(rt, options)),
-        tracker(*CaptureTracker::create(*alloc)),
-        side(*rt->create_stream(0)) {}
-  ~World() {
-    // Work still queued must not outlive the memory it touches; the tracker
-    // (declared after the allocator) is destroyed before it.
-    rt->synchronize_stream(kDefaultStream).IgnoreError();
-    for (StreamHandle s : streams) rt->destroy_stream(s).IgnoreError();
-    rt->destroy_stream(side).IgnoreError();
-  }
-
-  StreamHandle stream() {
-    auto s = rt->create_stream(0);
-    REQUIRE_OK(s);
-    streams.push_back(*s);
-    return *s;
-  }
-  float* tensor(std::size_t floats, StreamHandle s, std::string_view tag) {
-    auto p = alloc->allocate(floats * sizeof(float), 0, s, {.tag = tag});
-    REQUIRE_OK(p);
-    return static_cast<float*>(*p);
-  }
-  void free(void* p) { REQUIRE_OK(alloc->deallocate(p)); }
-  void launch(StreamHandle s, KernelLaunch k) { REQUIRE_OK(rt->launch_kernel(s, std::move(k))); }
-  CaptureResult capture(PoolHandle pool, const std::string& label,
-                        const std::function<void()>& body) {
-    REQUIRE_OK(tracker->begin_capture(0, side, {.pool = pool, .label = label}));
-    body();
-    auto done = tracker->end_capture(side);
-    REQUIRE_OK(done);
-    return *std::move(done);
-  }
-  std::vector<float> read(const float* p, std::size_t floats) {
-    std::vector<float> host(floats);
-    REQUIRE_OK(rt->memcpy_async(host.data(), p, floats * sizeof(float), kDefaultStream));
-    REQUIRE_OK(rt->synchronize_stream(kDefaultStream));
-    return host;
-  }
-  std::int64_t reserved() const { return alloc->stats(0)->reserved_bytes.current; }
-  bool pool_exists(PoolHandle pool) const {
-    auto s = alloc->pool_stats(pool);
-    if (!s.ok()) CHECK(s.status().code() == absl::StatusCode::kNotFound);
-    return s.ok();
-  }
-
-  std::shared_ptr<DeviceRuntime> rt;
-  std::unique_ptr<Allocator> alloc;
-  std::unique_ptr<CaptureTracker> tracker;
-  StreamHandle side;
-  std::vector<StreamHandle> streams;
-};
-
-bool all_equal(const std::vector<float>& v, float value) {
-  return std::all_of(v.begin(), v.end(), [&](float x) { return x == value; });
-}
 
 // Every finding in one string, for INFO.
 std::string summaries(const std::vector<Finding>& findings) {
@@ -102,31 +35,6 @@ std::string summaries(const std::vector<Finding>& findings) {
 }
 
 constexpr AllocOptions kPersistentWs{.lifetime = Lifetime::kPersistent, .tag = "ws"};
-
-// Holds a stream's queue until opened; declared after the World, it opens in
-// its destructor before the World joins the streams.
-class Gate {
- public:
-  ~Gate() { open(); }
-  void open() {
-    if (!opened_) {
-      opened_ = true;
-      promise_.set_value();
-    }
-  }
-  KernelLaunch kernel(const void* reads, std::size_t bytes) const {
-    KernelLaunch k;
-    k.name = "gate";
-    k.reads = {{reads, bytes}};
-    k.host_body = [f = future_] { f.wait(); };
-    return k;
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_ = promise_.get_future().share();
-  bool opened_ = false;
-};
 
 }  // namespace
 

@@ -10,98 +10,24 @@
 // says "WS will hold T's data" can be proven by replaying.
 #include <algorithm>
 #include <cctype>
-#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "capalloc/capture.hpp"
-#include "test_support.hpp"
+#include "capture_test_support.hpp"
 #include "tools/scenarios/kernels.hpp"
 
 using namespace capalloc;
+using namespace capalloc::testing;
 using capalloc::scenarios::fill_kernel;
 using capalloc::scenarios::scale_kernel;
 using capalloc::scenarios::sum_kernel;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
 
 namespace {
 
 constexpr std::size_t N = 4096;  // floats per tensor: 16 KiB, a multiple of the granularity
 constexpr std::size_t kBytes = N * sizeof(float);
 constexpr float kCanary = 1234.5f;
-
-// One allocator and tracker over a runtime, and a stream to capture on.
-struct World {
-  explicit World(std::shared_ptr<DeviceRuntime> runtime = nullptr)
-      : rt(runtime ? std::move(runtime) : host_runtime()),
-        alloc(make_allocator(rt)),
-        tracker(*CaptureTracker::create(*alloc)),
-        side(*rt->create_stream(0)) {}
-  ~World() {
-    // Work still queued must not outlive the memory it touches; the tracker
-    // (declared after the allocator) is destroyed before it.
-    rt->synchronize_stream(kDefaultStream).IgnoreError();
-    for (StreamHandle s : streams) rt->destroy_stream(s).IgnoreError();
-    rt->destroy_stream(side).IgnoreError();
-  }
-
-  StreamHandle stream() {
-    auto s = rt->create_stream(0);
-    REQUIRE_OK(s);
-    streams.push_back(*s);
-    return *s;
-  }
-  float* tensor(std::size_t floats, StreamHandle s, std::string_view tag) {
-    auto p = alloc->allocate(floats * sizeof(float), 0, s, {.tag = tag});
-    REQUIRE_OK(p);
-    return static_cast<float*>(*p);
-  }
-  void free(void* p) { REQUIRE_OK(alloc->deallocate(p)); }
-  std::uint64_t seq(const void* p) const {
-    auto info = alloc->block_info(p);
-    REQUIRE_OK(info);
-    return info->sequence;
-  }
-  void launch(StreamHandle s, KernelLaunch k) { REQUIRE_OK(rt->launch_kernel(s, std::move(k))); }
-  // Runs a kernel on the default stream and waits for it (eager work).
-  void run_now(KernelLaunch k) {
-    launch(kDefaultStream, std::move(k));
-    REQUIRE_OK(rt->synchronize_stream(kDefaultStream));
-  }
-  void replay(GraphHandle g) {
-    REQUIRE_OK(tracker->replay(g, kDefaultStream));
-    REQUIRE_OK(rt->synchronize_stream(kDefaultStream));
-  }
-  std::vector<float> read(const float* p, std::size_t floats) {
-    std::vector<float> host(floats);
-    REQUIRE_OK(rt->memcpy_async(host.data(), p, floats * sizeof(float), kDefaultStream));
-    REQUIRE_OK(rt->synchronize_stream(kDefaultStream));
-    return host;
-  }
-  // Captures `body` on the side stream into `pool` (kDefaultPool: private).
-  CaptureResult capture(PoolHandle pool, const std::string& label, const std::function<void()>& body,
-                        CaptureId* id = nullptr) {
-    auto began = tracker->begin_capture(0, side, {.pool = pool, .label = label});
-    REQUIRE_OK(began);
-    if (id != nullptr) *id = *began;
-    body();
-    auto done = tracker->end_capture(side);
-    REQUIRE_OK(done);
-    return *std::move(done);
-  }
-
-  std::shared_ptr<DeviceRuntime> rt;
-  std::unique_ptr<Allocator> alloc;
-  std::unique_ptr<CaptureTracker> tracker;
-  StreamHandle side;
-  std::vector<StreamHandle> streams;
-};
-
-bool all_equal(const std::vector<float>& v, float value) {
-  return std::all_of(v.begin(), v.end(), [&](float x) { return x == value; });
-}
 
 // The findings of graph `label` with this victim and writer (by tag).
 std::vector<Finding> matching(const std::vector<Finding>& findings, std::string_view label,

@@ -21,81 +21,21 @@
 #include <string>
 #include <vector>
 
-#include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"
-#include "gemm/numeric.hpp"
+#include "gemm_test_support.hpp"
 #include "test_support.hpp"
 
 using namespace capalloc;
+using namespace capalloc::testing;
 using capalloc::detail::bf16_to_float;
 using capalloc::detail::float_to_bf16;
 using capalloc::detail::float_to_fp8_e4m3;
 using capalloc::detail::fp8_e4m3_to_float;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
 
 namespace {
 
-// --- Tolerances ----------------------------------------------------------------
-// The kernel multiplies in f32 (bf16 x bf16 and fp8 x fp8 products are exact
-// in f32; f32 x f32 rounds once), sums each slice sequentially in f32, sums
-// the split_k planes sequentially, then multiplies by the two scales. That is
-// at most K + split_k + 3 roundings along any path, so by the standard bound
-// for recursive summation (Higham, gamma_n = n*u / (1 - n*u), u = 2^-24):
-//   |c_f32 - ref| <= gamma_{K + split_k + 3} * sum_k |a_k * b_k| * |sa * sb|.
-// This is a worst-case bound, so the check is never flaky, yet it is far
-// below any real defect: one dropped term of K=1000 is ~1/K = 1e-3 of the
-// absolute sum, against gamma ~ 6e-5 here; a stale or early-reduced tile is
-// off by the whole value. kAbsFloor only covers an all-zero absolute sum.
-// A bf16 output then rounds that f32 value to nearest with 8 significant
-// bits, moving it by at most 2^-8 of its magnitude (half an ulp):
-//   |c_bf16 - ref| <= e * (1 + 2^-8) + 2^-8 * |ref|,  e the f32 bound above.
-constexpr double kF32Unit = 0x1p-24;
-constexpr double kBF16Unit = 0x1p-8;
-constexpr double kAbsFloor = 1e-6;
-
-double f32_bound(int k, int split_k, double abs_sum) {
-  const double n = static_cast<double>(k + split_k + 3);
-  return n * kF32Unit / (1.0 - n * kF32Unit) * abs_sum + kAbsFloor;
-}
-
-double tolerance(DType out, int k, int split_k, double ref, double abs_sum) {
-  const double e = f32_bound(k, split_k, abs_sum);
-  return out == DType::kF32 ? e : e * (1.0 + kBF16Unit) + kBF16Unit * std::fabs(ref);
-}
-
 // --- Buffers -------------------------------------------------------------------
-constexpr float kPoison = -777.0f;
 constexpr int kGuard = 64;  // elements of C's buffer past M x N that must stay poison
-
-std::size_t element_bytes(DType t) {
-  return t == DType::kF32 ? 4 : t == DType::kBF16 ? 2 : 1;
-}
-
-// Stores `v` as element i of a buffer of `type`; returns the value stored, decoded.
-float put(void* base, DType type, std::size_t i, float v) {
-  switch (type) {
-    case DType::kF32:
-      static_cast<float*>(base)[i] = v;
-      return v;
-    case DType::kBF16: {
-      const std::uint16_t bits = float_to_bf16(v);
-      static_cast<std::uint16_t*>(base)[i] = bits;
-      return bf16_to_float(bits);
-    }
-    case DType::kFP8E4M3: {
-      const std::uint8_t code = float_to_fp8_e4m3(v);
-      static_cast<std::uint8_t*>(base)[i] = code;
-      return fp8_e4m3_to_float(code);
-    }
-  }
-  return 0.0f;
-}
-
-float get(const void* base, DType type, std::size_t i) {
-  if (type == DType::kF32) return static_cast<const float*>(base)[i];
-  return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-}
 
 // A host runtime, an allocator and a warmed SplitKGemm. Host runtime memory
 // is host memory: tests write inputs and read C directly (after synchronize).
@@ -123,12 +63,6 @@ struct Rig {
     return std::all_of(b->semaphore, b->semaphore + kSplitKMaxTiles,
                        [](std::int32_t s) { return s == 0; });
   }
-};
-
-// One problem: its device buffers and the decoded values the kernel sees.
-struct Operands {
-  GemmProblem p;
-  std::vector<float> a, b, sa, sb;
 };
 
 Operands make_operands(Rig& rig, int m, int n, int k, DType in, DType out, int split_k,
@@ -163,18 +97,7 @@ std::size_t count_wrong(const Operands& o, std::string& detail) {
   std::ostringstream out;
   for (int i = 0; i < p.m; ++i) {
     for (int j = 0; j < p.n; ++j) {
-      double ref = 0.0, abs_sum = 0.0;
-      for (int kk = 0; kk < p.k; ++kk) {
-        const double t = static_cast<double>(o.a[static_cast<std::size_t>(i) * p.k + kk]) *
-                         o.b[static_cast<std::size_t>(j) * p.k + kk];
-        ref += t;
-        abs_sum += std::fabs(t);
-      }
-      if (!o.sa.empty()) {
-        const double s = static_cast<double>(o.sa[i]) * o.sb[j];
-        ref *= s;
-        abs_sum *= std::fabs(s);
-      }
+      const auto [ref, abs_sum] = reference(o, i, j);
       const double c = get(p.c, p.c_type, static_cast<std::size_t>(i) * p.n + j);
       const double tol = tolerance(p.c_type, p.k, p.split_k, ref, abs_sum);
       if (!(std::fabs(c - ref) <= tol) && wrong++ < 4) {
@@ -184,10 +107,9 @@ std::size_t count_wrong(const Operands& o, std::string& detail) {
     }
   }
   const std::size_t mn = static_cast<std::size_t>(p.m) * p.n;
-  const float stored_poison =
-      p.c_type == DType::kF32 ? kPoison : bf16_to_float(float_to_bf16(kPoison));
+  const float poison = stored_poison(p.c_type);
   for (std::size_t g = 0; g < kGuard; ++g) {
-    if (get(p.c, p.c_type, mn + g) != stored_poison && wrong++ < 4) {
+    if (get(p.c, p.c_type, mn + g) != poison && wrong++ < 4) {
       out << "guard " << g << " written; ";
     }
   }

@@ -22,45 +22,14 @@
 #include <vector>
 
 #include "capalloc/capture.hpp"
-#include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"
-#include "gemm/numeric.hpp"
+#include "gemm_test_support.hpp"
 #include "test_support.hpp"
 
 using namespace capalloc;
-using capalloc::detail::bf16_to_float;
-using capalloc::detail::float_to_bf16;
-using capalloc::detail::float_to_fp8_e4m3;
-using capalloc::detail::fp8_e4m3_to_float;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
+using namespace capalloc::testing;
 
 namespace {
-
-// Tolerances as derived in gemm_numeric_test.cpp: the worst-case f32
-// rounding bound gamma_{K + split_k + 3} * sum|a*b*scales|, plus half a bf16
-// ulp (2^-8 relative) of the reference for bf16 outputs.
-constexpr double kF32Unit = 0x1p-24;
-constexpr double kBF16Unit = 0x1p-8;
-constexpr double kAbsFloor = 1e-6;
-constexpr float kPoison = -777.0f;
-
-std::size_t element_bytes(DType t) { return t == DType::kF32 ? 4 : t == DType::kBF16 ? 2 : 1; }
-
-float put(void* base, DType type, std::size_t i, float v) {
-  if (type == DType::kF32) return static_cast<float*>(base)[i] = v;
-  if (type == DType::kBF16) {
-    static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v);
-    return bf16_to_float(static_cast<std::uint16_t*>(base)[i]);
-  }
-  static_cast<std::uint8_t*>(base)[i] = float_to_fp8_e4m3(v);
-  return fp8_e4m3_to_float(static_cast<std::uint8_t*>(base)[i]);
-}
-
-float get(const void* base, DType type, std::size_t i) {
-  if (type == DType::kF32) return static_cast<const float*>(base)[i];
-  return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
-}
 
 // An allocator, a tracker, the cache and a SplitKGemm over a host runtime.
 struct World {
@@ -100,12 +69,6 @@ struct World {
     const std::int32_t* sem = buffers().semaphore;
     return std::all_of(sem + from, sem + kSplitKMaxTiles, [](std::int32_t s) { return s == 0; });
   }
-};
-
-// A problem's buffers and the decoded inputs the kernel sees.
-struct Operands {
-  GemmProblem p;
-  std::vector<float> a, b, sa, sb;
 };
 
 // Writes new random inputs into the problem's buffers and poisons C.
@@ -150,20 +113,8 @@ std::vector<bool> outputs_ok(const Operands& o) {
   std::vector<bool> ok(static_cast<std::size_t>(p.m) * p.n);
   for (int i = 0; i < p.m; ++i) {
     for (int j = 0; j < p.n; ++j) {
-      double ref = 0.0, abs_sum = 0.0;
-      for (int kk = 0; kk < p.k; ++kk) {
-        const double t = static_cast<double>(o.a[static_cast<std::size_t>(i) * p.k + kk]) *
-                         o.b[static_cast<std::size_t>(j) * p.k + kk];
-        ref += t;
-        abs_sum += std::fabs(t);
-      }
-      const double scales = o.sa.empty() ? 1.0 : static_cast<double>(o.sa[i]) * o.sb[j];
-      ref *= scales;
-      abs_sum *= scales;
-      const double n = static_cast<double>(p.k + p.split_k + 3);
-      const double e = n * kF32Unit / (1.0 - n * kF32Unit) * abs_sum + kAbsFloor;
-      const double tol =
-          p.c_type == DType::kF32 ? e : e * (1 + kBF16Unit) + kBF16Unit * std::fabs(ref);
+      const auto [ref, abs_sum] = reference(o, i, j);
+      const double tol = tolerance(p.c_type, p.k, p.split_k, ref, abs_sum);
       const std::size_t idx = static_cast<std::size_t>(i) * p.n + j;
       ok[idx] = std::fabs(get(p.c, p.c_type, idx) - ref) <= tol;
     }
@@ -177,8 +128,7 @@ std::size_t count_wrong(const Operands& o) {
 }
 
 bool is_poison(const Operands& o, std::size_t idx) {
-  const float stored = o.p.c_type == DType::kF32 ? kPoison : bf16_to_float(float_to_bf16(kPoison));
-  return get(o.p.c, o.p.c_type, idx) == stored;
+  return get(o.p.c, o.p.c_type, idx) == stored_poison(o.p.c_type);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -76,6 +77,33 @@ inline bool cookie_intact(const void* p, std::size_t bytes, std::uint64_t seed) 
   }
   return true;
 }
+
+// Holds a stream's queue until opened: kernel() is a launch that reads
+// [reads, reads + bytes) and waits for open(). Declare it after what the held
+// work touches (the runtime, a World): its destructor opens it, so the stream
+// drains before they are torn down even when an assertion fails.
+class Gate {
+ public:
+  ~Gate() { open(); }
+  void open() {
+    if (!opened_) {
+      opened_ = true;
+      promise_.set_value();
+    }
+  }
+  KernelLaunch kernel(const void* reads, std::size_t bytes) const {
+    KernelLaunch k;
+    k.name = "gate";
+    k.reads = {{reads, bytes}};
+    k.host_body = [f = future_] { f.wait(); };
+    return k;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_ = promise_.get_future().share();
+  bool opened_ = false;
+};
 
 // Stats that must not move when a call fails.
 inline bool same_state(const AllocatorStats& a, const AllocatorStats& b) {
