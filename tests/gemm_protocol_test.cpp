@@ -295,6 +295,13 @@ TEST_CASE("a dirty semaphore slot leaves tile 0 stale, or reduces it early",
   }
 
   SECTION("fires early: the third arrival reduces tile 0, before the fourth plane may exist") {
+#if defined(__SANITIZE_THREAD__)
+    // The early reduction reads a plane another unit may be writing: the
+    // very race this section demonstrates, which ThreadSanitizer rightly
+    // reports. The never-fires section above covers the protocol under TSan.
+    SUCCEED("skipped under ThreadSanitizer: this section races on purpose");
+    return;
+#endif
     // Slot 0 at 1: arrivals 1, 2, 3 come first whatever the order, so the
     // third unit reduces (exactly once) while the fourth may still be
     // writing its plane; the fourth arrives either before the reset (slot
