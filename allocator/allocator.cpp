@@ -62,6 +62,12 @@ absl::StatusOr<void*> Allocator::Impl::reserve_relaxed(int device, std::size_t b
   return result;
 }
 
+bool Allocator::Impl::runtime_capturing(int device, StreamHandle stream) const {
+  if (!runtime->any_capture_active(device)) return false;
+  auto info = runtime->capture_info(stream);
+  return !info.ok() || info->status != CaptureStatus::kNone;
+}
+
 absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
                                                          StreamHandle stream, std::size_t rounded,
                                                          std::size_t requested) {
@@ -85,8 +91,13 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
   auto base = reserve_relaxed(device, segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {
     ++stats.retries;
-    if (events_allowed(device)) process_pending();
-    release_free_segments(device).IgnoreError();
+    // Releasing segments frees device memory, which synchronizes the device:
+    // illegal while a capture is under way (PyTorch skips its cache release
+    // then too). With a capture routed on the device, retry as is.
+    if (events_allowed(device) && !runtime_capturing(device, stream)) {
+      process_pending();
+      release_free_segments(device).IgnoreError();
+    }
     base = reserve_relaxed(device, segment_bytes);
     if (!base.ok() && absl::IsResourceExhausted(base.status())) {
       return out_of_memory(absl::StrCat("the runtime refused a ", detail::bytes(segment_bytes),

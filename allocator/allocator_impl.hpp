@@ -90,6 +90,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // allocator.cpp
   absl::Status check_device(int device) const;
   absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
+  // True when `stream` is capturing (or its state cannot be read).
+  bool runtime_capturing(int device, StreamHandle stream) const;
   absl::StatusOr<detail::Block*> take_new_segment(detail::Pool& pool, int device,
                                                   StreamHandle stream, std::size_t rounded,
                                                   std::size_t requested);

@@ -37,10 +37,17 @@ __global__ void __launch_bounds__(kThreads) split_k_gemm_kernel(Params p) {
   for (int local = static_cast<int>(threadIdx.x); local < elements; local += kThreads) {
     partial_one(p, tile, slice, local);
   }
+  // Release: every thread's plane writes, then the barrier, then the
+  // arriving thread fences again (cumulativity under the PTX model) before
+  // its atomic; acquire: it fences after the atomic, before the barrier.
   __threadfence();
   __syncthreads();
   __shared__ int arrival;
-  if (threadIdx.x == 0) arrival = atomicAdd(&p.semaphore[tile], 1);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    arrival = atomicAdd(&p.semaphore[tile], 1);
+    __threadfence();
+  }
   __syncthreads();
   if (arrival != p.split_k - 1) return;
   __threadfence();
