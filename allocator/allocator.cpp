@@ -1,4 +1,5 @@
-// allocator/allocator.cpp: allocation, free, record_stream and stats; see
+// allocator/allocator.cpp: allocation, free, record_stream and stats (frees
+// that wait on other streams are in pending_frees.cpp); see
 // allocator_impl.hpp for the state and its invariants.
 //
 // Hot path cost (steady state, no capture, no pending frees): allocate = one
@@ -142,106 +143,6 @@ void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureI
   event.capture = capture;
   event.position = position;
   listener->on_block_event(event);
-}
-
-absl::StatusOr<EventHandle> Allocator::Impl::acquire_event(int device) {
-  auto& spare = devices[device].spare_events;
-  if (!spare.empty()) {
-    EventHandle e = spare.back();
-    spare.pop_back();
-    return e;
-  }
-  return runtime->create_event(device);
-}
-
-absl::Status Allocator::Impl::record_free_events(Block* block) {
-  // All or nothing: on failure no event stays queued for the block.
-  const int device = block->segment->device;
-  const std::size_t first_new = pending.size();
-  for (StreamHandle s : block->used_on) {
-    auto event = acquire_event(device);
-    absl::Status status = event.ok() ? runtime->record_event(*event, s) : event.status();
-    if (!status.ok()) {
-      if (event.ok()) devices[device].spare_events.push_back(*event);
-      for (std::size_t i = first_new; i < pending.size(); ++i) {
-        devices[device].spare_events.push_back(pending[i].event);
-      }
-      pending.resize(first_new);
-      return absl::Status(status.code(),
-                          absl::StrFormat("recording an event on stream 0x%x failed: %s", s,
-                                          std::string(status.message())));
-    }
-    pending.push_back({block, *event, device});
-  }
-  block->pending_events = static_cast<std::uint32_t>(block->used_on.size());
-  return absl::OkStatus();
-}
-
-void Allocator::Impl::process_pending() {
-  // Frees deferred during captures whose streams are no longer capturing.
-  if (!deferred.empty()) {
-    auto keep = deferred.begin();
-    for (Block* block : deferred) {
-      const int device = block->segment->device;
-      bool ready = events_allowed(device);
-      for (StreamHandle s : block->used_on) {
-        if (!ready) break;
-        auto info = runtime->capture_info(s);
-        ready = info.ok() && info->status == CaptureStatus::kNone;
-      }
-      if (!ready || !record_free_events(block).ok()) *keep++ = block;
-    }
-    deferred.erase(keep, deferred.end());
-  }
-  auto keep = pending.begin();
-  for (auto it = pending.begin(); it != pending.end(); ++it) {
-    bool done = false;
-    if (events_allowed(it->device)) {
-      auto queried = runtime->query_event(it->event);
-      done = queried.ok() && *queried;
-    }
-    if (!done) {
-      *keep++ = *it;
-      continue;
-    }
-    devices[it->device].spare_events.push_back(it->event);
-    Block* block = it->block;
-    if (--block->pending_events == 0) {
-      Pool* pool = block->segment->pool;
-      pool->give_back(block);
-      maybe_destroy_pool(pool);
-    }
-  }
-  pending.erase(keep, pending.end());
-}
-
-absl::Status Allocator::Impl::free_block(Block* block) {
-  Pool& pool = *block->segment->pool;
-  const int device = block->segment->device;
-  if (block->used_on.empty()) {
-    live.erase(block->addr);
-    pool.give_back(block);
-    maybe_destroy_pool(&pool);
-    return absl::OkStatus();
-  }
-  // Used on other streams: reusable once they pass an event recorded now. An
-  // event on a capturing stream would become part of the graph, so such a
-  // free waits in `deferred` until the capture is over.
-  bool defer = !events_allowed(device);
-  for (StreamHandle s : block->used_on) {
-    if (defer) break;
-    auto info = runtime->capture_info(s);
-    defer = info.ok() && info->status != CaptureStatus::kNone;
-  }
-  if (defer) {
-    deferred.push_back(block);
-  } else if (absl::Status s = record_free_events(block); !s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",
-                                                  block->ptr(), std::string(s.message())));
-  }
-  live.erase(block->addr);
-  pool.mark_pending(block);
-  return absl::OkStatus();
 }
 
 BlockInfo Allocator::Impl::info_of(const Block& b) const {

@@ -1,6 +1,7 @@
-// allocator/allocator_impl.hpp: the Allocator's state, shared by its three
+// allocator/allocator_impl.hpp: the Allocator's state, shared by its four
 // source files (allocator.cpp: allocate/free and the public calls;
-// graph_pools.cpp: graph pools, capture routes and frees deferred during
+// pending_frees.cpp: frees that wait on other streams' events;
+// graph_pools.cpp: graph pools and capture routes;
 // captures; allocator_checks.cpp: diagnosis, invariants and description).
 //
 // One mutex guards everything (as PyTorch's allocator does per device);
