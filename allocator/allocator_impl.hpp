@@ -2,7 +2,7 @@
 // source files (allocator.cpp: allocate/free and the public calls;
 // pending_frees.cpp: frees that wait on other streams' events;
 // graph_pools.cpp: graph pools and capture routes;
-// captures; allocator_checks.cpp: diagnosis, invariants and description).
+// allocator_checks.cpp: diagnosis, invariants and description).
 //
 // One mutex guards everything (as PyTorch's allocator does per device);
 // runtime calls made under it never call back into the allocator.
