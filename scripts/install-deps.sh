@@ -20,6 +20,7 @@ REQUIRED_PACKAGES=(
   catch2
   pkg-config
   python3
+  patchelf
 )
 
 # GPU toolchains that Debian packages: HIP, so that the HIP kernels (and the

@@ -8,8 +8,15 @@
 //
 // Both sides use bf16 inputs and output with fp32 accumulation (cuBLAS's
 // cublasGemmEx, CUBLAS_COMPUTE_32F); capalloc runs split_k = 4.
+//
+// cuBLAS is loaded with dlopen, not linked: the GPU bundle
+// (tools/gpu-bundle.sh) cannot carry its hundreds of MiB, and the GPU
+// machine has it in the CUDA toolkit or in PyTorch's nvidia wheels. The
+// library is $CAPALLOC_CUBLAS_LIBRARY if set, else libcublas.so.13 from the
+// loader's search path. Without it the program exits 77 (skipped).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cmath>
 #include <cstdio>
@@ -43,6 +50,45 @@ void check_cublas(cublasStatus_t s, const char* call) {
   if (s != CUBLAS_STATUS_SUCCESS) die(std::string(call) + ": cuBLAS status " + std::to_string(s));
 }
 
+// The four cuBLAS entry points the comparison needs, resolved at run time.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  // cublasGemmEx is overloaded in C++ (a cublasComputeType_t and a legacy
+  // cudaDataType form): name the C entry point's type.
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                            int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                            cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+};
+
+template <typename Fn>
+void resolve(void* library, const char* name, Fn& out) {
+  out = reinterpret_cast<Fn>(dlsym(library, name));
+  if (out == nullptr) die(std::string("cuBLAS has no symbol ") + name);
+}
+
+Cublas load_cublas() {
+  const char* env = std::getenv("CAPALLOC_CUBLAS_LIBRARY");
+  const std::string path = env != nullptr && *env != '\0' ? env : "libcublas.so.13";
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    std::fprintf(stderr,
+                 "capalloc_bench_gemm_cuda: skipped: cannot load cuBLAS (%s): %s\n"
+                 "  set CAPALLOC_CUBLAS_LIBRARY or put the CUDA toolkit's lib64 on "
+                 "LD_LIBRARY_PATH\n",
+                 path.c_str(), dlerror());
+    std::exit(77);
+  }
+  Cublas api;
+  resolve(library, "cublasCreate_v2", api.create);
+  resolve(library, "cublasSetStream_v2", api.set_stream);
+  resolve(library, "cublasGemmEx", api.gemm_ex);
+  resolve(library, "cublasDestroy_v2", api.destroy);
+  return api;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -56,6 +102,7 @@ int main(int argc, char** argv) {
     }
   }
   capalloc::set_log_level("error").IgnoreError();
+  const Cublas cublas = load_cublas();
   auto runtime = capalloc::make_runtime("cuda");
   if (!runtime.ok()) die(runtime.status().ToString());
   auto allocator = capalloc::Allocator::create(*runtime);
@@ -69,8 +116,8 @@ int main(int argc, char** argv) {
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const auto handle = reinterpret_cast<capalloc::StreamHandle>(stream);
   cublasHandle_t blas;
-  check_cublas(cublasCreate(&blas), "cublasCreate");
-  check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+  check_cublas(cublas.create(&blas), "cublasCreate");
+  check_cublas(cublas.set_stream(blas, stream), "cublasSetStream");
   cudaEvent_t start, stop;
   check_cuda(cudaEventCreate(&start), "cudaEventCreate");
   check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
@@ -98,7 +145,7 @@ int main(int argc, char** argv) {
       const float alpha = 1.0f, beta = 0.0f;
       auto run_cublas = [&] {
         // Row-major C = A B^T is column-major C^T = B A^T.
-        check_cublas(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, *db,
+        check_cublas(cublas.gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, *db,
                                   CUDA_R_16BF, k, *da, CUDA_R_16BF, k, &beta, *dc2, CUDA_R_16BF,
                                   n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "cublasGemmEx");
@@ -141,7 +188,7 @@ int main(int argc, char** argv) {
               iters);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cublasDestroy(blas);
+  cublas.destroy(blas);
   cudaStreamDestroy(stream);
   if (mismatch) {
     std::fprintf(stderr, "capalloc_bench_gemm_cuda: results differ from cuBLAS by more than 0.1\n");
