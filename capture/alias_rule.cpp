@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace capalloc::detail {
 
@@ -25,7 +27,11 @@ bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, Me
   std::vector<MemorySpan> own;
   for (std::size_t i : it->second) {
     const RecordedWrite& w = record.record.writes[i];
-    if (w.position > after && w.span.overlaps(range)) own.push_back(w.span);
+    // Only a whole write restores the victim's data: an update or state
+    // access reads the clobbered bytes first and carries the clobber on.
+    if (w.mode == AccessMode::kWrite && w.position > after && w.span.overlaps(range)) {
+      own.push_back(w.span);
+    }
   }
   std::sort(own.begin(), own.end(),
             [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
@@ -34,6 +40,18 @@ bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, Me
     if (s.begin() > covered_to) return false;
     covered_to = std::max(covered_to, s.end());
     if (covered_to >= range.end()) return true;
+  }
+  return covered_to >= range.end();
+}
+
+// True when `spans` together cover all of `range`.
+bool covers(std::vector<MemorySpan> spans, MemorySpan range) {
+  std::sort(spans.begin(), spans.end(),
+            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+  std::uintptr_t covered_to = range.begin();
+  for (const MemorySpan& s : spans) {
+    if (s.begin() > covered_to) break;
+    covered_to = std::max(covered_to, s.end());
   }
   return covered_to >= range.end();
 }
@@ -108,10 +126,66 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int dev
   return out;
 }
 
-Severity classify(const WriteRecord& record, const BlockRef& victim) {
-  if (victim.lifetime == Lifetime::kPersistent) return Severity::kHazard;
-  if (victim.capture == 0 || victim.capture == record.capture) return Severity::kHazard;
-  return Severity::kCrossGraphOutput;
+void classify(Finding& f, std::vector<VictimAccess> accesses) {
+  const auto hazard = [&f](std::string reason) {
+    f.severity = Severity::kHazard;
+    f.severity_reason = std::move(reason);
+  };
+  if (f.victim.lifetime == Lifetime::kPersistent) {
+    return hazard("the victim is persistent: every replay must leave it intact");
+  }
+  if (f.victim.capture == 0) {
+    return hazard("the victim was allocated outside any capture: the program, not a graph, "
+                  "owns its data");
+  }
+  const bool written = std::any_of(accesses.begin(), accesses.end(), [](const VictimAccess& a) {
+    return a.access->mode != AccessMode::kRead;
+  });
+  if (!written) {
+    return hazard("no graph writes the victim, so no replay restores it after the clobber");
+  }
+  // Per graph in replay order; at one position a read comes before a write.
+  std::sort(accesses.begin(), accesses.end(), [](const VictimAccess& a, const VictimAccess& b) {
+    const auto key = [](const VictimAccess& v) {
+      return std::tuple(v.graph, v.access->position, v.access->mode == AccessMode::kWrite);
+    };
+    return key(a) < key(b);
+  });
+  std::vector<std::string> writers;
+  for (std::size_t i = 0; i < accesses.size();) {
+    const GraphHandle graph = accesses[i].graph;
+    const std::string_view label = accesses[i].label;
+    std::vector<MemorySpan> written_first;
+    bool uses_overlap = false;
+    for (; i < accesses.size() && accesses[i].graph == graph; ++i) {
+      const RecordedWrite& a = *accesses[i].access;
+      const MemorySpan piece = intersect(a.span, f.overlap);
+      if (piece.bytes == 0) continue;
+      uses_overlap = true;
+      if (graph == f.graph) {
+        return hazard(absl::StrFormat(
+            "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
+            label, access_mode_name(a.mode), a.op));
+      }
+      if (a.mode == AccessMode::kWrite) {
+        written_first.push_back(piece);
+      } else if (!covers(written_first, piece)) {
+        return hazard(absl::StrFormat(
+            "%s reads the victim before writing it (%s by %s at capture position %d)", label,
+            access_mode_name(a.mode), a.op, a.position));
+      }
+    }
+    if (uses_overlap) writers.emplace_back(label);
+  }
+  f.severity = Severity::kCrossGraphOutput;
+  f.severity_reason =
+      writers.empty()
+          ? std::string("no graph uses the clobbered bytes, and graphs write the rest of the "
+                        "victim: its unused part")
+          : absl::StrFormat("every graph that uses the clobbered bytes (%s) writes them whole "
+                            "before reading them: an output or scratch, rewritten at each of "
+                            "their replays",
+                            absl::StrJoin(writers, ", "));
 }
 
 std::string fix_for(const Finding& f) {
@@ -143,6 +217,7 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
   Finding* f = nullptr;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
+    if (w.mode == AccessMode::kRead) continue;  // reads never clobber
     if (w.writer.sequence == victim.sequence && victim.sequence != 0) continue;
     const MemorySpan overlap = intersect(w.span, victim.span());
     if (overlap.bytes == 0) continue;
@@ -156,7 +231,6 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
       f->graph = r.record.graph;
       f->graph_label = r.record.label;
       f->capture = r.record.capture;
-      f->severity = classify(r.record, victim);
       f->victim = victim;
       f->overlap = overlap;
     } else {
@@ -170,6 +244,7 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
       f->writer = w.writer;
       f->write_position = w.position;
       f->write_op = w.op;
+      f->write_mode = w.mode;
     }
   }
 }

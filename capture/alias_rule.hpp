@@ -1,14 +1,17 @@
 // capture/alias_rule.hpp: the alias rule (DESIGN.md section 5) and the index
 // that finds, for a block, the graph writes that land on it.
 //
-// Graph G clobbers live block B when G's record holds a write to a range
-// overlapping B made through another block's identity, and (with declared or
-// inspected evidence) G does not write that range again through B itself
-// later in the same replay. One finding is made per (graph, victim).
+// Graph G clobbers live block B when G's record holds a write (any mode but
+// kRead) to a range overlapping B made through another block's identity, and
+// (with declared or inspected evidence) G does not write that range whole
+// (kWrite) again through B itself later in the same replay. One finding is
+// made per (graph, victim); classify() then decides its severity from every
+// graph's accesses through B.
 #ifndef CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 #define CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -58,7 +61,17 @@ class WriteIndex {
 void find_clobbers(const IndexedRecord& record, const BlockRef& victim,
                    const std::vector<std::size_t>& candidates, std::vector<Finding>& out);
 
-Severity classify(const WriteRecord& record, const BlockRef& victim);
+// One access some graph makes through the victim's own block.
+struct VictimAccess {
+  GraphHandle graph = 0;
+  std::string_view label;
+  const RecordedWrite* access = nullptr;
+};
+
+// Sets f.severity and f.severity_reason from the victim's lifetime and
+// `accesses`, every graph's accesses through the victim (the rule is in
+// capalloc/capture.hpp at Severity, with examples in docs/design.md).
+void classify(Finding& f, std::vector<VictimAccess> accesses);
 std::string fix_for(const Finding& finding);
 
 }  // namespace capalloc::detail

@@ -134,6 +134,7 @@ std::vector<Finding> CaptureTracker::check() {
   for (const auto& [graph, record] : m.records) {
     for (Finding& f : m.check_record(*record)) all.push_back(std::move(f));
   }
+  detail::sort_findings(all);
   return all;
 }
 

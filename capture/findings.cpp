@@ -99,6 +99,7 @@ void write_finding(JsonWriter& j, const Finding& f) {
   write_block(j, f.writer);
   j.field("write_position", static_cast<std::uint64_t>(f.write_position));
   j.field("write_op", f.write_op);
+  j.field("write_mode", access_mode_name(f.write_mode));
   j.field("clobbering_writes", static_cast<std::uint64_t>(f.clobbering_writes));
   j.key("victim");
   write_block(j, f.victim);
@@ -117,6 +118,7 @@ void write_finding(JsonWriter& j, const Finding& f) {
     j.end_object();
   }
   j.end_array();
+  j.field("severity_reason", f.severity_reason);
   j.field("fix", f.fix);
   j.end_object();
 }
@@ -152,6 +154,20 @@ const char* evidence_name(WriteEvidence evidence) {
   return "?";
 }
 
+const char* access_mode_name(AccessMode mode) {
+  switch (mode) {
+    case AccessMode::kRead:
+      return "read";
+    case AccessMode::kWrite:
+      return "write";
+    case AccessMode::kReadWrite:
+      return "read_write";
+    case AccessMode::kState:
+      return "state";
+  }
+  return "?";
+}
+
 std::string Finding::summary() const {
   std::string chain;
   for (const ChainLink& link : reuse_chain) {
@@ -166,13 +182,15 @@ std::string Finding::summary() const {
                                                                       link.freed_at)));
   }
   return absl::StrFormat(
-      "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s at "
-      "capture position %d, %s evidence%s). Reuse chain: %s. Fix: %s.",
+      "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s, %s at "
+      "capture position %d, %s evidence%s). %s. Reuse chain: %s. Fix: %s.",
       severity_name(severity), graph_label, capture, detail::describe_block(victim),
       detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
-      detail::describe_block(writer), write_op, write_position, evidence_name(evidence),
+      detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
+      evidence_name(evidence),
       clobbering_writes > 1 ? absl::StrFormat("; the last of %d such writes", clobbering_writes)
                             : std::string(),
+      severity_reason.empty() ? "Severity: -" : absl::StrCat("Severity: ", severity_reason),
       chain.empty() ? "-" : chain, fix);
 }
 

@@ -46,7 +46,7 @@ std::string CaptureTracker::snapshot_json() {
   Allocator& a = *m.allocator;
   detail::JsonWriter j;
   j.begin_object();
-  j.field("schema", "capalloc.snapshot/1");
+  j.field("schema", "capalloc.snapshot/2");
   j.field("runtime", a.runtime().name());
   j.field("strict", strict());
   j.key("devices").begin_array();

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/runtime/log.hpp"
@@ -13,6 +16,12 @@
 namespace capalloc {
 
 using detail::IndexedRecord;
+
+void detail::sort_findings(std::vector<Finding>& findings) {
+  std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
+    return std::tie(a.graph, a.victim.sequence) < std::tie(b.graph, b.victim.sequence);
+  });
+}
 
 void CaptureTracker::Impl::count_writers(const WriteRecord& r, int delta) {
   for (const RecordedWrite& w : r.writes) {
@@ -83,10 +92,22 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
   return out;
 }
 
-// The reuse chain that led to a finding: the occupants of the overlap from
-// the writer to the victim, in allocation order. A range a shared pool has
-// reused a thousand times keeps its ends and the most recent steps.
-void CaptureTracker::Impl::attach_chain(Finding& f) const {
+// Completes a finding of find_clobbers: its severity from every graph's
+// accesses through the victim, then the reuse chain that led to it: the
+// occupants of the overlap from the writer to the victim, in allocation
+// order. A range a shared pool has reused a thousand times keeps its ends
+// and the most recent steps.
+void CaptureTracker::Impl::complete_finding(Finding& f) const {
+  std::vector<detail::VictimAccess> accesses;
+  for (auto [graph, i] : index.overlapping(device_of(f), f.victim.span())) {
+    auto it = records.find(graph);
+    if (it == records.end()) continue;
+    const RecordedWrite& a = it->second->record.writes[i];
+    if (a.writer.sequence == f.victim.sequence) {
+      accesses.push_back({graph, it->second->record.label, &a});
+    }
+  }
+  detail::classify(f, std::move(accesses));
   std::vector<ChainLink> links;
   for (const detail::Occupant* o : history.overlapping(device_of(f), f.overlap)) {
     const std::uint64_t seq = o->block.sequence;
@@ -107,12 +128,15 @@ int CaptureTracker::Impl::device_of(const Finding& f) const {
 // Requires mu.
 std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) {
   std::vector<MemorySpan> spans;
-  for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
+  for (const RecordedWrite& w : r.record.writes) {
+    if (w.mode != AccessMode::kRead) spans.push_back(w.span);
+  }
   std::vector<Finding> out;
   for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
     detail::find_clobbers(r, victim, r.writes_overlapping(victim.span()), out);
   }
-  for (Finding& f : out) attach_chain(f);
+  for (Finding& f : out) complete_finding(f);
+  detail::sort_findings(out);
   return out;
 }
 
@@ -120,7 +144,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
 std::vector<Finding> CaptureTracker::Impl::only_new(std::vector<Finding> findings) {
   std::vector<Finding> fresh;
   for (Finding& f : findings) {
-    if (reported.insert({f.graph, f.victim.sequence}).second) {
+    if (reported.insert({f.graph, f.victim.sequence, f.severity}).second) {
       fresh.push_back(std::move(f));
     }
   }
@@ -165,26 +189,37 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   count_writers(r.record, +1);
   records.emplace(graph, std::move(indexed));
 
-  // (a) this graph against every live block it writes; (b) blocks this
-  // capture allocated and left live against every other graph's writes.
+  // (a) this graph against every live block it writes; (b) every other
+  // graph against the live blocks this capture allocated and left live, and
+  // against the live blocks this graph uses through their own identity (its
+  // reads can raise the severity of a clobber another graph makes there).
   std::vector<Finding> findings = check_record(r);
-  std::vector<MemorySpan> escaped_spans;
+  std::vector<MemorySpan> victim_spans;
   for (std::uint64_t sequence : allocated) {
     if (const detail::Occupant* o = history.find(sequence); o != nullptr && o->live()) {
-      escaped_spans.push_back(o->block.span());
+      victim_spans.push_back(o->block.span());
     }
   }
-  for (const BlockRef& victim : live_victims(capture.device, std::move(escaped_spans))) {
-    absl::flat_hash_map<GraphHandle, std::vector<std::size_t>> by_graph;
+  for (const RecordedWrite& a : r.record.writes) {
+    if (a.writer.sequence != 0 && a.evidence != WriteEvidence::kFootprint) {
+      victim_spans.push_back(a.writer.span());
+    }
+  }
+  absl::flat_hash_set<std::uint64_t> seen;
+  for (const BlockRef& victim : live_victims(capture.device, std::move(victim_spans))) {
+    if (!seen.insert(victim.sequence).second) continue;
+    absl::btree_map<GraphHandle, std::vector<std::size_t>> by_graph;
     for (auto [g, w] : index.overlapping(capture.device, victim.span())) {
       if (g != graph) by_graph[g].push_back(w);
     }
     for (auto& [g, candidates] : by_graph) {
+      std::sort(candidates.begin(), candidates.end());
       const std::size_t before = findings.size();
       detail::find_clobbers(*records.at(g), victim, candidates, findings);
-      for (std::size_t i = before; i < findings.size(); ++i) attach_chain(findings[i]);
+      for (std::size_t i = before; i < findings.size(); ++i) complete_finding(findings[i]);
     }
   }
+  detail::sort_findings(findings);
   std::vector<Finding> fresh = only_new(std::move(findings));
   maybe_prune_history();
   if (detail::log().should_log(spdlog::level::warn)) {

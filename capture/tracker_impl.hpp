@@ -54,15 +54,21 @@ struct LoggedEvent {
   std::uint64_t tick;
 };
 
+// A finding as reported once: a later graph can raise its severity (it
+// reads the victim first), and the raised finding is reported again.
 struct FindingKey {
   GraphHandle graph;
   std::uint64_t victim;
+  Severity severity;
   bool operator==(const FindingKey&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const FindingKey& k) {
-    return H::combine(std::move(h), k.graph, k.victim);
+    return H::combine(std::move(h), k.graph, k.victim, k.severity);
   }
 };
+
+// Findings in a fixed order: by graph, then victim.
+void sort_findings(std::vector<Finding>& findings);
 
 }  // namespace detail
 
@@ -99,7 +105,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   void maybe_prune_history();
   void drain_log();
   std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans);
-  void attach_chain(Finding& f) const;
+  void complete_finding(Finding& f) const;
   int device_of(const Finding& f) const;
   std::vector<Finding> check_record(const IndexedRecord& r);
   std::vector<Finding> only_new(std::vector<Finding> findings);

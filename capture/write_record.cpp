@@ -73,7 +73,7 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
       const std::uintptr_t begin = std::max(w.span.begin(), o->block.span().begin());
       const std::uintptr_t end = std::min(w.span.end(), o->block.span().end());
       const MemorySpan piece{reinterpret_cast<const void*>(begin), end - begin};
-      record.writes.push_back({piece, o->block, w.position, op, w.evidence});
+      record.writes.push_back({piece, o->block, w.position, op, w.evidence, w.mode});
       covered.push_back(piece);
     }
     // What no block held is written through no block.
@@ -83,7 +83,8 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
     auto gap = [&](std::uintptr_t end) {
       if (end > at) {
         record.writes.push_back(
-            {{reinterpret_cast<const void*>(at), end - at}, BlockRef{}, w.position, op, w.evidence});
+            {{reinterpret_cast<const void*>(at), end - at}, BlockRef{}, w.position, op, w.evidence,
+             w.mode});
       }
     };
     for (const MemorySpan& piece : covered) {

@@ -167,12 +167,15 @@ absl::Status launch_split_k_gemm(DeviceRuntime& runtime, StreamHandle stream,
              {problem.b, element_bytes(problem.b_type) * problem.n * problem.k}};
   if (problem.a_scale != nullptr) k.reads.push_back({problem.a_scale, sizeof(float) * problem.m});
   if (problem.b_scale != nullptr) k.reads.push_back({problem.b_scale, sizeof(float) * problem.n});
-  // The planes each slice writes, the slots in use, and C.
+  // The planes each slice writes before the last unit of its tile reads them
+  // (scratch: write), and C (write). The semaphore slots in use are state:
+  // each launch reads them first, counts on them being zero, and leaves them
+  // zero for the next launch, so a clobber between launches is a wrong result.
   for (int s = 0; s < params.split_k; ++s) {
     k.writes.push_back({splitk::plane(params, s, 0),
                         sizeof(float) * splitk::kTileElements * params.tiles});
   }
-  k.writes.push_back({buffers.semaphore, sizeof(std::int32_t) * params.tiles});
+  k.state.push_back({buffers.semaphore, sizeof(std::int32_t) * params.tiles});
   k.writes.push_back({problem.c, element_bytes(problem.c_type) * problem.m * problem.n});
   // Arguments by value, as a GPU launch takes them: nothing of the caller's
   // is referenced once the launch has run.

@@ -242,11 +242,20 @@ TEST_CASE("preallocated: the capture allocates nothing, finds nothing and 5 repl
   const WriteRecord record = *w.tracker->write_record(done->graph);
   CHECK(record.pool == pool);
   REQUIRE_FALSE(record.writes.empty());
+  // with the modes the GEMM declares: inputs read, the workspace and C
+  // written whole (scratch and output), the semaphore state.
   for (const RecordedWrite& rw : record.writes) {
     INFO(rw.writer.tag);
     CHECK(rw.op == "splitk_gemm_fp8_e4m3");
-    CHECK((rw.writer.tag == "capalloc.splitk.workspace" ||
-           rw.writer.tag == "capalloc.splitk.semaphore" || rw.writer.tag == "C"));
+    const std::string_view tag = rw.writer.tag;
+    if (tag == "capalloc.splitk.semaphore") {
+      CHECK(rw.mode == capalloc::AccessMode::kState);
+    } else if (tag == "capalloc.splitk.workspace" || tag == "C") {
+      CHECK(rw.mode == capalloc::AccessMode::kWrite);
+    } else {
+      CHECK(rw.mode == capalloc::AccessMode::kRead);
+      CHECK((tag == "A" || tag == "B" || tag == "a_scale" || tag == "b_scale"));
+    }
   }
   for (int replay = 0; replay < 5; ++replay) {
     INFO("replay " << replay);

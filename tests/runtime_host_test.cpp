@@ -539,7 +539,7 @@ TEST_CASE("reserve during a global capture invalidates it unless the thread is r
   }
 }
 
-TEST_CASE("graph_writes lists the declared writes of each node with its position",
+TEST_CASE("graph_writes lists the declared accesses of each node with its mode and position",
           "[host][graphs]") {
   auto rt = make_runtime_or_fail();
   const StreamHandle s = make_stream(*rt);
@@ -551,6 +551,8 @@ TEST_CASE("graph_writes lists the declared writes of each node with its position
   KernelLaunch splitk = body_kernel("splitk", [] {});
   splitk.reads = {{mem + 1024, 64}};
   splitk.writes = {{mem, 64}, {mem + 256, 32}};
+  splitk.updates = {{mem + 2048, 16}};
+  splitk.state = {{mem + 3072, 8}};
   REQUIRE(rt->launch_kernel(s, splitk).ok());
   REQUIRE(rt->memset_async(mem + 512, 0, 16, s).ok());
   REQUIRE(rt->memcpy_async(mem + 768, mem, 8, s).ok());
@@ -559,22 +561,35 @@ TEST_CASE("graph_writes lists the declared writes of each node with its position
 
   auto writes = rt->graph_writes(*graph);
   REQUIRE(writes.ok());
-  REQUIRE(writes->size() == 4);
-  const auto& w = *writes;
-  CHECK(w[0].span.ptr == mem);
-  CHECK(w[0].span.bytes == 64);
-  CHECK(w[0].position == 0);
-  CHECK(w[0].op == "splitk");
-  CHECK(w[1].span.ptr == mem + 256);
-  CHECK(w[1].position == 0);
-  CHECK(w[2].span.ptr == mem + 512);
-  CHECK(w[2].span.bytes == 16);
-  CHECK(w[2].position == 1);
-  CHECK(w[2].op == "memset");
-  CHECK(w[3].span.ptr == mem + 768);
-  CHECK(w[3].position == 2);
-  CHECK(w[3].op == "memcpy");
-  for (const auto& write : w) CHECK(write.evidence == capalloc::WriteEvidence::kDeclared);
+  using capalloc::AccessMode;
+  struct Want {
+    unsigned char* ptr;
+    std::size_t bytes;
+    std::size_t position;
+    std::string_view op;
+    AccessMode mode;
+  };
+  const std::vector<Want> want = {
+      {mem + 1024, 64, 0, "splitk", AccessMode::kRead},
+      {mem, 64, 0, "splitk", AccessMode::kWrite},
+      {mem + 256, 32, 0, "splitk", AccessMode::kWrite},
+      {mem + 2048, 16, 0, "splitk", AccessMode::kReadWrite},
+      {mem + 3072, 8, 0, "splitk", AccessMode::kState},
+      {mem + 512, 16, 1, "memset", AccessMode::kWrite},
+      {mem, 8, 2, "memcpy", AccessMode::kRead},  // the copy's source
+      {mem + 768, 8, 2, "memcpy", AccessMode::kWrite},
+  };
+  REQUIRE(writes->size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const capalloc::GraphWrite& w = (*writes)[i];
+    INFO("access " << i);
+    CHECK(w.span.ptr == want[i].ptr);
+    CHECK(w.span.bytes == want[i].bytes);
+    CHECK(w.position == want[i].position);
+    CHECK(w.op == want[i].op);
+    CHECK(w.mode == want[i].mode);
+    CHECK(w.evidence == capalloc::WriteEvidence::kDeclared);
+  }
   CHECK(rt->destroy_graph(*graph).ok());
   CHECK(rt->release(0, *seg, 4096).ok());
 }

@@ -60,3 +60,52 @@ TEST_CASE("seed 003 GEMM with capalloc: preallocated device-keyed buffers, both 
   CHECK(r.findings_before_replay.empty());
   CHECK(r.expected_match);
 }
+
+namespace {
+
+const Finding* decoy_finding_on(const GemmArmResult& r, std::string_view tag) {
+  for (const Finding& f : r.findings_before_replay) {
+    if (f.graph_label == "decoy" && f.victim.tag == tag) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// Issue 9, class 1: the seed's own failure must not pass strict mode. The
+// GEMM graphs read the semaphore before writing it (state), so the decoy's
+// clobber of it is a hazard; they write the workspace whole before reading it
+// (scratch), so that clobber is the lower severity, with the reason.
+TEST_CASE("seed 003 GEMM status quo: the semaphore clobber is a hazard, the workspace's is scratch",
+          "[seed003][gemm][scenario][modes]") {
+  const GemmArmResult r = run(/*status_quo=*/true);
+  const Finding* sem = decoy_finding_on(r, "splitk.semaphore");
+  const Finding* ws = decoy_finding_on(r, "splitk.workspace");
+  REQUIRE(sem != nullptr);
+  REQUIRE(ws != nullptr);
+  CHECK(sem->severity == Severity::kHazard);
+  CHECK_THAT(sem->severity_reason, Catch::Contains("g2") && Catch::Contains("state"));
+  CHECK(ws->severity == Severity::kCrossGraphOutput);
+  CHECK_THAT(ws->severity_reason,
+             Catch::Contains("g1, g2") && Catch::Contains("writes them whole before reading"));
+  CHECK(r.findings_before_replay.size() == 2);
+}
+
+TEST_CASE("seed 003 GEMM in strict mode: the decoy's replay is refused and every output is right",
+          "[seed003][gemm][scenario][strict]") {
+  for (bool status_quo : {true, false}) {
+    INFO((status_quo ? "status quo" : "capalloc"));
+    auto r = scenarios::run_gemm_arm(status_quo, capalloc::testing::host_runtime(),
+                                     {.strict = true});
+    REQUIRE_OK(r);
+    for (const std::string& m : r->mismatches) UNSCOPED_INFO("mismatch: " << m);
+    REQUIRE(r->graphs.size() == 2);
+    for (const auto& g : r->graphs) {
+      INFO(g.graph);
+      CHECK(g.decoy_replay_refused == status_quo);
+      CHECK(g.sem_slots_dirtied == 0);
+      CHECK(g.wrong_outputs == 0);
+    }
+    CHECK(r->expected_match);
+  }
+}

@@ -2,7 +2,7 @@
 //
 //   capalloc arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]
 //       seed 003's four aliasing arms with capalloc as the allocator, and the fix
-//   capalloc gemm-scenario [--runtime host|cuda|hip|auto] [--json]
+//   capalloc gemm-scenario [--runtime host|cuda|hip|auto] [--strict] [--json]
 //       seed 003's wrong-GEMM scenario, status quo against capalloc
 //   capalloc describe [--runtime host|cuda|hip|auto]
 //       the allocator's self-description, after a small exercise
@@ -27,7 +27,7 @@ const char* const kUsage =
     "commands:\n"
     "  arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
     "      replay seed 003's four aliasing arms with capalloc as the allocator, then the fix\n"
-    "  gemm-scenario [--runtime host|cuda|hip|auto] [--json]\n"
+    "  gemm-scenario [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
     "      seed 003's wrong-GEMM scenario: a stream-keyed split-K cache against capalloc's\n"
     "  describe [--runtime host|cuda|hip|auto]\n"
     "      the allocator's self-description and stats after a small exercise\n";

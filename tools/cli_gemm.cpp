@@ -22,7 +22,7 @@ void print_arm(const GemmArmResult& r) {
   std::printf("\n=== %s ===\n", r.arm == "status_quo"
                                      ? "STATUS QUO: stream-keyed cache, buffers allocated in capture"
                                      : "CAPALLOC: device-keyed persistent buffers, preallocated");
-  std::printf("  tracker at capture end, before any replay: %zu finding(s)\n",
+  std::printf("  tracker after the captures, before any replay: %zu finding(s)\n",
               r.findings_before_replay.size());
   for (const Finding& f : r.findings_before_replay) std::printf("    %s\n", f.summary().c_str());
   std::printf("  %-5s %-26s %-30s %-16s %s\n", "graph", "workspace aliases decoy",
@@ -33,7 +33,14 @@ void print_arm(const GemmArmResult& r) {
                 o.sem_slots_dirtied_in_use, scenarios::kGemmTilesInUse, o.wrong_outputs,
                 o.total_outputs, o.max_abs_err, o.wrong_outputs ? "  <-- WRONG" : "");
   }
-  if (r.arm == "status_quo" && r.graphs.size() == 2) {
+  for (const GemmGraphOutcome& o : r.graphs) {
+    if (o.decoy_replay_refused) {
+      std::printf("  before %s: the decoy's replay was refused (strict mode: it would clobber "
+                  "the split-K semaphore)\n",
+                  o.graph.c_str());
+    }
+  }
+  if (r.arm == "status_quo" && r.graphs.size() == 2 && !r.strict) {
     const GemmGraphOutcome& g2 = r.graphs[1];
     std::printf("  arithmetic: %d dirty slot(s) among the %d in use x tile_n 64 = %d wrong outputs "
                 "expected; g2 has %d. Slot 0 held %u (0x%08X) after the decoy replay.\n",
@@ -45,10 +52,12 @@ void print_arm(const GemmArmResult& r) {
   for (const std::string& m : r.mismatches) std::printf("    mismatch: %s\n", m.c_str());
 }
 
-std::string to_json(std::string_view runtime, const std::vector<GemmArmResult>& arms, bool all_match) {
+std::string to_json(std::string_view runtime, bool strict, const std::vector<GemmArmResult>& arms,
+                    bool all_match) {
   detail::JsonWriter j;
   j.begin_object();
   j.field("runtime", runtime);
+  j.field("strict", strict);
   j.field("m", scenarios::kGemmM);
   j.field("n", scenarios::kGemmN);
   j.field("k", scenarios::kGemmK);
@@ -67,6 +76,7 @@ std::string to_json(std::string_view runtime, const std::vector<GemmArmResult>& 
       j.field("wrong_outputs", o.wrong_outputs);
       j.field("total_outputs", o.total_outputs);
       j.field("max_abs_err", o.max_abs_err);
+      j.field("decoy_replay_refused", o.decoy_replay_refused);
       j.end_object();
     }
     j.end_array();
@@ -91,11 +101,14 @@ std::string to_json(std::string_view runtime, const std::vector<GemmArmResult>& 
 int gemm_scenario_command(const Args& args) {
   std::string runtime_name = "auto";
   bool json = false;
+  bool strict = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--runtime" && i + 1 < args.size()) {
       runtime_name = args[++i];
     } else if (args[i] == "--json") {
       json = true;
+    } else if (args[i] == "--strict") {
+      strict = true;
     } else {
       return usage_error("gemm-scenario: unknown argument '" + args[i] + "'");
     }
@@ -107,21 +120,21 @@ int gemm_scenario_command(const Args& args) {
     std::printf("capalloc gemm-scenario: seed 003's aiter scenario on the %s runtime\n"
                 "split-K GEMM M=%d N=%d K=%d split_k=%d, fp8 e4m3 inputs with scales, bf16 "
                 "output; decoy, g1 (cache miss) and g2 (cache hit) captured on one side stream "
-                "into one shared pool\n",
+                "into one shared pool%s\n",
                 runtime_label.c_str(), scenarios::kGemmM, scenarios::kGemmN, scenarios::kGemmK,
-                scenarios::kGemmSplitK);
+                scenarios::kGemmSplitK, strict ? " (strict mode)" : "");
   }
   std::vector<GemmArmResult> arms;
   bool all_match = true;
   for (bool status_quo : {true, false}) {
-    auto r = scenarios::run_gemm_arm(status_quo, *runtime);
+    auto r = scenarios::run_gemm_arm(status_quo, *runtime, {.strict = strict});
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
     arms.push_back(*std::move(r));
   }
   if (json) {
-    std::printf("%s\n", to_json(runtime_label, arms, all_match).c_str());
+    std::printf("%s\n", to_json(runtime_label, strict, arms, all_match).c_str());
   } else {
     std::printf("\nstatus quo: g1 wrong=%d, g2 wrong=%d\ncapalloc  : g1 wrong=%d, g2 wrong=%d\n"
                 "every observation matches seed 003: %s\n",

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "allocator/runtime/declared_accesses.hpp"
 #include "allocator/runtime/host_runtime.hpp"
 
 namespace capalloc::detail {
@@ -282,13 +283,13 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle gr
     for (std::size_t position = 0; position < nodes->size(); ++position) {
       const GraphNode& node = (*nodes)[position];
       if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
-        for (const MemorySpan& span : kernel->writes) {
-          writes.push_back(GraphWrite{.span = span, .position = position, .op = kernel->name});
-        }
+        append_declared_accesses(*kernel, position, writes);
       } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
         writes.push_back(GraphWrite{
             .span = {fill->dst, fill->bytes}, .position = position, .op = "memset"});
       } else if (const auto* copy = std::get_if<MemcpyNode>(&node)) {
+        writes.push_back(GraphWrite{.span = {copy->src, copy->bytes}, .position = position,
+                                    .op = "memcpy", .mode = AccessMode::kRead});
         writes.push_back(GraphWrite{
             .span = {copy->dst, copy->bytes}, .position = position, .op = "memcpy"});
       }

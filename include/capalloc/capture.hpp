@@ -40,10 +40,13 @@
 
 namespace capalloc {
 
-// How bad a finding is. Same-graph clobbering, clobbering of a persistent
-// block and of a block allocated outside any capture are hazards; a graph
-// overwriting another graph's output in a shared pool is vLLM's normal
-// pattern (outputs are read before the next replay) and reported lower.
+// How bad a finding is. A clobber is a hazard when the victim is persistent,
+// was allocated outside any capture, is written by no graph, is used by the
+// clobbering graph itself, or is read by some graph before that graph writes
+// it (modes kRead, kReadWrite, kState). When every graph that uses the
+// clobbered bytes writes them whole first (an output of another graph, or
+// scratch), it is kCrossGraphOutput: vLLM's normal pattern, reported lower
+// and replayed in strict mode.
 enum class Severity { kHazard, kCrossGraphOutput };
 
 // A block as records and findings name it: its identity is `sequence`.
@@ -61,14 +64,16 @@ struct BlockRef {
   static BlockRef from(const BlockInfo& info);
 };
 
-// One write a graph's replays make.
+// One access a graph's replays make: a write, or (mode kRead) a read. Only
+// writes clobber; reads and the order of accesses decide a finding's severity.
 struct RecordedWrite {
   MemorySpan span;
-  BlockRef writer;            // the block the write went through
-  std::size_t position = 0;   // capture position of the writing node
+  BlockRef writer;            // the block the access went through
+  std::size_t position = 0;   // capture position of the node
   std::string_view op;        // kernel name, "memset", "memcpy" or "footprint" (interned:
                               // valid for the life of the process)
   WriteEvidence evidence = WriteEvidence::kDeclared;
+  AccessMode mode = AccessMode::kWrite;  // footprint records count as kWrite
 };
 
 struct WriteRecord {
@@ -101,10 +106,14 @@ struct Finding {
   BlockRef writer;
   std::size_t write_position = 0;
   std::string write_op;
+  AccessMode write_mode = AccessMode::kWrite;
   std::size_t clobbering_writes = 0;
   BlockRef victim;
   MemorySpan overlap;
   std::vector<ChainLink> reuse_chain;
+  // Why this severity: which graph reads the victim before writing it, or
+  // that every graph using it writes it first (an output or scratch).
+  std::string severity_reason;
   std::string fix;
 
   // One paragraph for logs and the CLI.
@@ -115,6 +124,7 @@ struct Finding {
 CAPALLOC_API std::string findings_to_json(const std::vector<Finding>& findings);
 CAPALLOC_API const char* severity_name(Severity severity);
 CAPALLOC_API const char* evidence_name(WriteEvidence evidence);
+CAPALLOC_API const char* access_mode_name(AccessMode mode);
 
 struct TrackerOptions {
   // Refuse replays of graphs with hazard findings (kFailedPrecondition)

@@ -88,19 +88,33 @@ enum class WriteEvidence {
   kFootprint,  // inferred from what was allocated during the capture
 };
 
-// One write of a graph: the span, the node that makes it and its position.
+// How a graph node uses a span of memory during one replay.
+enum class AccessMode {
+  kRead,       // reads it, never writes it
+  kWrite,      // writes the whole span before anything in the same replay reads
+               // it: outputs and scratch (the split-K workspace)
+  kReadWrite,  // reads it, then writes it: an in-place update
+  kState,      // reads it before writing it and expects what it wrote in one
+               // replay to be there at the next (the split-K semaphore)
+};
+
+// One access of a graph: the span, the node that makes it and its position.
+// Despite the name, kRead entries are listed too (graph_writes below); only
+// kWrite, kReadWrite and kState entries change memory.
 struct GraphWrite {
   MemorySpan span;
   std::size_t position = 0;  // node index in capture order
   std::string op;            // kernel name, "memset" or "memcpy"
   WriteEvidence evidence = WriteEvidence::kDeclared;
+  AccessMode mode = AccessMode::kWrite;
 };
 
 // A kernel launch. The host runtime runs `host_body` on the stream's worker;
 // GPU runtimes call `device_body` with the native stream so that the caller
-// enqueues its own kernel there. `reads` and `writes` declare the spans the
-// kernel touches: the host runtime records them into graphs as declared
-// writes; GPU runtimes keep them as declared evidence too.
+// enqueues its own kernel there. `reads`, `writes`, `updates` and `state`
+// declare the spans the kernel touches and how (AccessMode kRead, kWrite,
+// kReadWrite, kState): the host runtime records them into graphs as declared
+// accesses; GPU runtimes keep them as declared evidence too.
 //
 // The runtime keeps the KernelLaunch (by value) until the operation has run;
 // a graph keeps it until the graph is destroyed, exactly as CUDA keeps
@@ -108,7 +122,9 @@ struct GraphWrite {
 struct KernelLaunch {
   std::string name{};
   std::vector<MemorySpan> reads{};
-  std::vector<MemorySpan> writes{};
+  std::vector<MemorySpan> writes{};   // written whole before read: outputs, scratch
+  std::vector<MemorySpan> updates{};  // read, then written in place
+  std::vector<MemorySpan> state{};    // read first, and must persist between launches
   std::function<void()> host_body{};
   // Called with the runtime's name ("cuda", "hip") and its native stream.
   std::function<absl::Status(std::string_view runtime, void* native_stream)> device_body{};
@@ -185,7 +201,8 @@ class CAPALLOC_API DeviceRuntime {
   // order, against the addresses they were captured with.
   virtual absl::Status launch_graph(GraphHandle graph, StreamHandle stream) = 0;
   virtual absl::Status destroy_graph(GraphHandle graph) = 0;
-  // The writes the graph's replays make, as far as this runtime can tell.
+  // The accesses the graph's replays make (writes, and the reads it knows
+  // of), as far as this runtime can tell.
   virtual absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) = 0;
 };
 

@@ -50,11 +50,13 @@ class Rng {
 // Everything one arm owns; released in reverse order at the end.
 class GemmWorld {
  public:
-  static absl::StatusOr<std::unique_ptr<GemmWorld>> create(std::shared_ptr<DeviceRuntime> rt) {
+  static absl::StatusOr<std::unique_ptr<GemmWorld>> create(std::shared_ptr<DeviceRuntime> rt,
+                                                           bool strict) {
     auto w = std::unique_ptr<GemmWorld>(new GemmWorld());
     w->rt_ = std::move(rt);
     CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_));
-    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_, CaptureTracker::create(*w->allocator_));
+    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
+                              CaptureTracker::create(*w->allocator_, {.strict = strict}));
     w->cache_ = std::make_unique<PersistentCache>(*w->allocator_);
     w->gemm_ = std::make_unique<SplitKGemm>(*w->allocator_, *w->cache_);
     CAPALLOC_ASSIGN_OR_RETURN(w->side_, w->rt_->create_stream(0));
@@ -77,6 +79,7 @@ class GemmWorld {
   DeviceRuntime& rt() { return *rt_; }
   StreamHandle side() const { return side_; }
   SplitKGemm& gemm() { return *gemm_; }
+  CaptureTracker& tracker() { return *tracker_; }
 
   absl::StatusOr<void*> alloc(std::size_t bytes, StreamHandle stream, std::string_view tag) {
     CAPALLOC_ASSIGN_OR_RETURN(void* p, allocator_->allocate(bytes, 0, stream, {.tag = tag}));
@@ -156,10 +159,12 @@ class StreamKeyedBuffers {
 
 }  // namespace
 
-absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<DeviceRuntime> runtime) {
+absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<DeviceRuntime> runtime,
+                                           GemmScenarioOptions options) {
   GemmArmResult result;
   result.arm = status_quo ? "status_quo" : "capalloc";
-  CAPALLOC_ASSIGN_OR_RETURN(auto world, GemmWorld::create(std::move(runtime)));
+  result.strict = options.strict;
+  CAPALLOC_ASSIGN_OR_RETURN(auto world, GemmWorld::create(std::move(runtime), options.strict));
   GemmWorld& w = *world;
 
   // build(): a, b in fp8 from randn / 8; per-row and per-column scales from
@@ -229,9 +234,10 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
   CAPALLOC_ASSIGN_OR_RETURN(CaptureResult g1, w.capture("g1", [&] { return run(out1, w.side()); }));
   CAPALLOC_ASSIGN_OR_RETURN(void* out2, w.alloc(out_bytes, kDefaultStream, "out2"));
   CAPALLOC_ASSIGN_OR_RETURN(CaptureResult g2, w.capture("g2", [&] { return run(out2, w.side()); }));
-  for (const CaptureResult* c : {&decoy, &g1, &g2}) {
-    for (const Finding& f : c->new_findings) result.findings_before_replay.push_back(f);
-  }
+  // The verdict before any replay: every graph against the live blocks, once
+  // all three exist (g2 reading the semaphore first is what makes the
+  // decoy's clobber of it a hazard).
+  result.findings_before_replay = w.tracker().check();
 
   SplitKBuffers buffers;
   if (status_quo) {
@@ -250,7 +256,11 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
     o.total_outputs = M * N;
     CAPALLOC_RETURN_IF_ERROR(w.rt().memset_async(buffers.semaphore, 0, kSplitKSemaphoreBytes, kDefaultStream));
     CAPALLOC_RETURN_IF_ERROR(w.rt().synchronize_stream(kDefaultStream));
-    CAPALLOC_RETURN_IF_ERROR(w.replay(decoy.graph));
+    if (absl::Status s = w.replay(decoy.graph); !s.ok()) {
+      // Strict mode refuses a replay with hazards; anything else is a failure.
+      if (!options.strict || s.code() != absl::StatusCode::kFailedPrecondition) return s;
+      o.decoy_replay_refused = true;
+    }
     CAPALLOC_ASSIGN_OR_RETURN(std::vector<std::int32_t> sem, w.download(buffers.semaphore, kSplitKMaxTiles));
     for (int i = 0; i < kSplitKMaxTiles; ++i) {
       if (sem[i] != 0) {
@@ -280,17 +290,43 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
   auto expect = [&](bool ok, std::string what) {
     if (!ok) result.mismatches.push_back(std::move(what));
   };
+  // The findings the seed's failure must produce: the decoy's clobber of
+  // the semaphore is a hazard (the GEMM graphs read it first: state), that
+  // of the workspace the lower severity (the GEMM graphs write it first:
+  // scratch).
+  auto finding_on = [&](std::string_view tag) -> const Finding* {
+    for (const Finding& f : result.findings_before_replay) {
+      if (f.graph_label == "decoy" && f.victim.tag == tag) return &f;
+    }
+    return nullptr;
+  };
   if (status_quo) {
+    const Finding* sem = finding_on("splitk.semaphore");
+    const Finding* ws = finding_on("splitk.workspace");
+    expect(sem != nullptr && sem->severity == Severity::kHazard,
+           "the decoy's clobber of splitk.semaphore should be a hazard (read first: state)");
+    expect(ws != nullptr && ws->severity == Severity::kCrossGraphOutput,
+           "the decoy's clobber of splitk.workspace should be cross_graph_output (scratch)");
     expect(aliases, "the workspace should alias the decoy's freed transient");
-    expect(o1.wrong_outputs == 0, absl::StrFormat("g1 (self-zeroing) should be right, %d wrong", o1.wrong_outputs));
-    expect(o2.sem_slots_dirtied_in_use >= 1, "the decoy replay should dirty a semaphore slot in use");
-    expect(o2.wrong_outputs == 64 * o2.sem_slots_dirtied_in_use,
-           absl::StrFormat("g2 should have 64 x %d dirty slots = %d wrong outputs, saw %d",
-                           o2.sem_slots_dirtied_in_use, 64 * o2.sem_slots_dirtied_in_use, o2.wrong_outputs));
-    expect(!result.findings_before_replay.empty(), "the tracker should flag the status quo before replay");
+    if (options.strict) {
+      for (const GemmGraphOutcome& o : result.graphs) {
+        expect(o.decoy_replay_refused, o.graph + ": strict mode should refuse the decoy's replay");
+        expect(o.sem_slots_dirtied == 0, o.graph + ": no semaphore slot should be dirtied");
+        expect(o.wrong_outputs == 0, o.graph + ": no output should be wrong");
+      }
+    } else {
+      expect(o1.wrong_outputs == 0,
+             absl::StrFormat("g1 (self-zeroing) should be right, %d wrong", o1.wrong_outputs));
+      expect(o2.sem_slots_dirtied_in_use >= 1, "the decoy replay should dirty a semaphore slot in use");
+      expect(o2.wrong_outputs == 64 * o2.sem_slots_dirtied_in_use,
+             absl::StrFormat("g2 should have 64 x %d dirty slots = %d wrong outputs, saw %d",
+                             o2.sem_slots_dirtied_in_use, 64 * o2.sem_slots_dirtied_in_use,
+                             o2.wrong_outputs));
+    }
   } else {
     expect(!aliases, "preallocated buffers should not alias the decoy");
     for (const GemmGraphOutcome& o : result.graphs) {
+      expect(!o.decoy_replay_refused, o.graph + ": nothing should be refused");
       expect(o.sem_slots_dirtied == 0, o.graph + ": no semaphore slot should be dirtied");
       expect(o.wrong_outputs == 0, o.graph + ": no output should be wrong");
     }

@@ -36,11 +36,13 @@ struct GemmGraphOutcome {
   int wrong_outputs = 0;          // |out - ref| > 0.05
   int total_outputs = 0;
   double max_abs_err = 0;
+  bool decoy_replay_refused = false;  // strict mode refused the decoy's replay before this graph's
 };
 
 struct GemmArmResult {
   std::string arm;  // "status_quo" or "capalloc"
   std::vector<GemmGraphOutcome> graphs;
+  bool strict = false;
   std::vector<Finding> findings_before_replay;
   std::uint32_t dirty_slot_value = 0;  // slot 0 after the decoy replay, as the seed prints it
   bool expected_match = false;
@@ -53,7 +55,17 @@ inline constexpr int kGemmK = 2048;
 inline constexpr int kGemmSplitK = 4;
 inline constexpr int kGemmTilesInUse = kGemmN / 64;  // tile_n = 64, M = 1: 32
 
-absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<DeviceRuntime> runtime);
+struct GemmScenarioOptions {
+  bool strict = false;  // the tracker refuses replays of graphs with hazards
+};
+
+// One arm: the status quo (stream-keyed buffers allocated in the capture) or
+// capalloc's (device-keyed, preallocated). `findings_before_replay` is the
+// tracker's check() after the three captures. In strict mode the status
+// quo's decoy replay (a hazard on the split-K semaphore) is refused, so no
+// slot is dirtied and every output is right.
+absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<DeviceRuntime> runtime,
+                                           GemmScenarioOptions options = {});
 
 }  // namespace capalloc::scenarios
 

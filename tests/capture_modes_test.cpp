@@ -1,0 +1,205 @@
+// capture_modes_test.cpp: how access modes decide a finding's severity
+// (issue 9: a clobber is a hazard when any graph that uses the victim reads it
+// before writing it, or when no graph writes it; the lower severity only when
+// every graph that uses it writes it whole first). Each case replays the
+// graphs on the host runtime and checks that the harm the severity claims is
+// the harm the replay does.
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "capture_test_support.hpp"
+#include "tools/scenarios/kernels.hpp"
+
+using namespace capalloc;
+using namespace capalloc::testing;
+using capalloc::scenarios::fill_kernel;
+using capalloc::scenarios::scale_kernel;
+
+namespace {
+
+constexpr std::size_t N = 4096;  // floats: 16 KiB
+constexpr std::size_t kBytes = N * sizeof(float);
+
+// x[i] += 1: reads x, then writes it (an in-place update).
+KernelLaunch add_one_kernel(float* x, std::size_t n) {
+  KernelLaunch k;
+  k.name = "add_one";
+  k.updates = {{x, n * sizeof(float)}};
+  k.host_body = [x, n] {
+    for (std::size_t i = 0; i < n; ++i) x[i] += 1.0f;
+  };
+  return k;
+}
+
+// dst[i] = src[i]: reads src.
+KernelLaunch copy_kernel(float* dst, const float* src, std::size_t n) {
+  KernelLaunch k;
+  k.name = "copy";
+  k.reads = {{src, n * sizeof(float)}};
+  k.writes = {{dst, n * sizeof(float)}};
+  k.host_body = [dst, src, n] {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+  };
+  return k;
+}
+
+// The producer: T = src * 2 in a shared pool, T freed in the capture, so
+// the next capture's block lands on T's address and producer's replays
+// write 6.0 there.
+struct Producer {
+  CaptureResult result;
+  float* t = nullptr;
+};
+Producer capture_producer(World& w, PoolHandle pool, float* src) {
+  Producer p;
+  p.result = w.capture(pool, "producer", [&] {
+    p.t = w.tensor(N, w.side, "T");
+    w.launch(w.side, scale_kernel(p.t, src, N, 2.0f));
+    w.free(p.t);
+  });
+  return p;
+}
+
+const Finding* finding(const std::vector<Finding>& findings, std::string_view graph,
+                       std::string_view victim) {
+  for (const Finding& f : findings) {
+    if (f.graph_label == graph && f.victim.tag == victim) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("a block its graph updates in place is a hazard when another graph clobbers it",
+          "[capture][modes]") {
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  float* src = w.tensor(N, kDefaultStream, "src");
+  w.run_now(fill_kernel(src, N, 3.0f));
+  const Producer p = capture_producer(w, pool, src);
+  float* acc = nullptr;
+  const CaptureResult c = w.capture(pool, "accumulate", [&] {
+    acc = w.tensor(N, w.side, "ACC");  // the program fills it, the graph adds to it
+    w.launch(w.side, add_one_kernel(acc, N));
+  });
+  REQUIRE(acc == p.t);
+  const Finding* f = finding(c.new_findings, "producer", "ACC");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kHazard);
+  CHECK(f->write_mode == AccessMode::kWrite);
+  CHECK_THAT(f->severity_reason,
+             Catch::Contains("accumulate reads the victim before writing it") &&
+                 Catch::Contains("read_write"));
+  // The replay proves it: ACC = 10, producer's replay, then the update gives
+  // 7 (6 + 1), not 11.
+  w.run_now(fill_kernel(acc, N, 10.0f));
+  w.replay(p.result.graph);
+  w.replay(c.graph);
+  CHECK(all_equal(w.read(acc, N), 7.0f));
+}
+
+TEST_CASE("one graph reading another graph's output makes the clobber of it a hazard",
+          "[capture][modes]") {
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  float* src = w.tensor(N, kDefaultStream, "src");
+  w.run_now(fill_kernel(src, N, 3.0f));
+  const Producer p = capture_producer(w, pool, src);
+  float* out = nullptr;
+  const CaptureResult writer = w.capture(pool, "writer", [&] {
+    out = w.tensor(N, w.side, "OUT");
+    w.launch(w.side, fill_kernel(out, N, 5.0f));  // writes OUT whole first
+  });
+  REQUIRE(out == p.t);
+  // With only its writer using OUT, the producer's clobber is the lower
+  // severity (another graph's output, rewritten at each of its replays).
+  const Finding* before = finding(writer.new_findings, "producer", "OUT");
+  REQUIRE(before != nullptr);
+  CHECK(before->severity == Severity::kCrossGraphOutput);
+  CHECK_THAT(before->severity_reason, Catch::Contains("(writer) writes them whole"));
+
+  // A third graph reads OUT: the producer's replay between writer's and
+  // reader's changes what reader computes. Reported again, as a hazard, at
+  // the reader's capture end, before any replay.
+  float* copy = w.tensor(N, kDefaultStream, "COPY");
+  const CaptureResult reader = w.capture(kDefaultPool, "reader", [&] {
+    w.launch(w.side, copy_kernel(copy, out, N));
+  });
+  const Finding* after = finding(reader.new_findings, "producer", "OUT");
+  REQUIRE(after != nullptr);
+  CHECK(after->severity == Severity::kHazard);
+  CHECK_THAT(after->severity_reason, Catch::Contains("reader reads the victim before writing it"));
+  // check() reports the pair once, at its current severity.
+  int pairs = 0;
+  for (const Finding& f : w.tracker->check()) {
+    if (f.graph_label == "producer" && f.victim.tag == "OUT") {
+      ++pairs;
+      CHECK(f.severity == Severity::kHazard);
+    }
+  }
+  CHECK(pairs == 1);
+  // The replays: writer, producer, reader: reader copies 6.0, not 5.0.
+  w.replay(writer.graph);
+  w.replay(p.result.graph);
+  w.replay(reader.graph);
+  CHECK(all_equal(w.read(copy, N), 6.0f));
+}
+
+TEST_CASE("a graph's own update of a clobbered block does not restore it", "[capture][modes]") {
+  // Same graph: T written and freed, X allocated at T's address and updated
+  // in place. An update reads the clobbered bytes first, so unlike a whole
+  // write it does not count as the victim rewriting them.
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  float* src = w.tensor(N, kDefaultStream, "src");
+  w.run_now(fill_kernel(src, N, 3.0f));
+  float* x = nullptr;
+  float* t = nullptr;
+  const CaptureResult g = w.capture(pool, "g", [&] {
+    t = w.tensor(N, w.side, "T");
+    w.launch(w.side, scale_kernel(t, src, N, 2.0f));
+    w.free(t);
+    x = w.tensor(N, w.side, "X");
+    w.launch(w.side, add_one_kernel(x, N));
+  });
+  REQUIRE(x == t);
+  const Finding* f = finding(g.new_findings, "g", "X");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kHazard);
+  CHECK_THAT(f->severity_reason, Catch::Contains("g itself uses the victim"));
+  w.run_now(fill_kernel(x, N, 100.0f));
+  w.replay(g.graph);
+  CHECK(all_equal(w.read(x, N), 7.0f));  // 6 + 1, not 101
+}
+
+TEST_CASE("findings come out in a fixed order: by graph, then victim", "[capture][modes]") {
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  float* src = w.tensor(N, kDefaultStream, "src");
+  w.run_now(fill_kernel(src, N, 3.0f));
+  // One graph frees three transients; the next capture leaves three blocks
+  // live on their addresses.
+  const CaptureResult first = w.capture(pool, "first", [&] {
+    float* t[3];
+    for (float*& ti : t) {
+      ti = w.tensor(N, w.side, "T");
+      w.launch(w.side, scale_kernel(ti, src, N, 2.0f));
+    }
+    for (float* ti : t) w.free(ti);
+  });
+  const CaptureResult second = w.capture(pool, "second", [&] {
+    for (int i = 0; i < 3; ++i) w.tensor(N, w.side, "LIVE");
+  });
+  (void)first;
+  const std::vector<Finding> all = w.tracker->check();
+  REQUIRE(all.size() == 3);
+  REQUIRE(second.new_findings.size() == 3);
+  for (std::size_t i = 1; i < all.size(); ++i) {
+    CHECK(std::tie(all[i - 1].graph, all[i - 1].victim.sequence) <
+          std::tie(all[i].graph, all[i].victim.sequence));
+  }
+  for (std::size_t i = 1; i < second.new_findings.size(); ++i) {
+    CHECK(second.new_findings[i - 1].victim.sequence < second.new_findings[i].victim.sequence);
+  }
+}
