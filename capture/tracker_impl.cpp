@@ -17,9 +17,12 @@ namespace capalloc {
 
 using detail::IndexedRecord;
 
+// By the graph's capture (ids increase on every runtime; graph handles are
+// pointers on CUDA), then the victim's allocation.
 void detail::sort_findings(std::vector<Finding>& findings) {
   std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
-    return std::tie(a.graph, a.victim.sequence) < std::tie(b.graph, b.victim.sequence);
+    return std::tie(a.capture, a.graph, a.victim.sequence) <
+           std::tie(b.capture, b.graph, b.victim.sequence);
   });
 }
 

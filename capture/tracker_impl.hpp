@@ -67,7 +67,7 @@ struct FindingKey {
   }
 };
 
-// Findings in a fixed order: by graph, then victim.
+// Findings in a fixed order: by capture, then graph, then victim.
 void sort_findings(std::vector<Finding>& findings);
 
 }  // namespace detail

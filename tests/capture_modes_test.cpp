@@ -173,7 +173,8 @@ TEST_CASE("a graph's own update of a clobbered block does not restore it", "[cap
   CHECK(all_equal(w.read(x, N), 7.0f));  // 6 + 1, not 101
 }
 
-TEST_CASE("findings come out in a fixed order: by graph, then victim", "[capture][modes]") {
+TEST_CASE("findings come out in a fixed order: by capture, graph, then victim",
+          "[capture][modes]") {
   World w;
   const PoolHandle pool = *w.alloc->create_graph_pool(0);
   float* src = w.tensor(N, kDefaultStream, "src");
@@ -196,8 +197,8 @@ TEST_CASE("findings come out in a fixed order: by graph, then victim", "[capture
   REQUIRE(all.size() == 3);
   REQUIRE(second.new_findings.size() == 3);
   for (std::size_t i = 1; i < all.size(); ++i) {
-    CHECK(std::tie(all[i - 1].graph, all[i - 1].victim.sequence) <
-          std::tie(all[i].graph, all[i].victim.sequence));
+    CHECK(std::tie(all[i - 1].capture, all[i - 1].graph, all[i - 1].victim.sequence) <
+          std::tie(all[i].capture, all[i].graph, all[i].victim.sequence));
   }
   for (std::size_t i = 1; i < second.new_findings.size(); ++i) {
     CHECK(second.new_findings[i - 1].victim.sequence < second.new_findings[i].victim.sequence);

@@ -75,9 +75,9 @@ Cublas load_cublas() {
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     std::fprintf(stderr,
-                 "capalloc_bench_gemm_cuda: skipped: cannot load cuBLAS (%s): %s\n"
-                 "  set CAPALLOC_CUBLAS_LIBRARY or put the CUDA toolkit's lib64 on "
-                 "LD_LIBRARY_PATH\n",
+                 "set CAPALLOC_CUBLAS_LIBRARY, or put the CUDA toolkit's lib64 on "
+                 "LD_LIBRARY_PATH\n"
+                 "result: skipped: cannot load cuBLAS (%s): %s\n",
                  path.c_str(), dlerror());
     std::exit(77);
   }
@@ -102,9 +102,11 @@ int main(int argc, char** argv) {
     }
   }
   capalloc::set_log_level("error").IgnoreError();
-  const Cublas cublas = load_cublas();
+  // The device first: without one this is a failure, whether or not cuBLAS
+  // is there; with one and no cuBLAS, the comparison is skipped.
   auto runtime = capalloc::make_runtime("cuda");
   if (!runtime.ok()) die(runtime.status().ToString());
+  const Cublas cublas = load_cublas();
   auto allocator = capalloc::Allocator::create(*runtime);
   if (!allocator.ok()) die(allocator.status().ToString());
   capalloc::PersistentCache cache(**allocator);

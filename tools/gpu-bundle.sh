@@ -16,7 +16,9 @@
 #             Debian; libcudart from the CUDA toolkit), found through
 #             $ORIGIN-relative RUNPATHs
 #   python/   the Python module, the PyTorch scripts, the verdict comparator
-#   gpu-check.sh, MANIFEST.json (commit, toolchain, files, glibc needs)
+#   gpu-check.sh, MANIFEST.json (commit, the build's settings read from its
+#   CMake cache, files, glibc needs, and the git blob id of every tracked
+#   source file as built, so gpu-check.sh can tell a stale bundle)
 # cuBLAS is not carried (hundreds of MiB): the benchmark loads it at run time
 # from the GPU machine's CUDA toolkit or PyTorch's wheels.
 #
@@ -29,7 +31,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$repo_root/gpu-bundle"
 build="$repo_root/build-gpu-bundle"
 install=1
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --out) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; out="$2"; shift 2 ;;
@@ -68,11 +70,12 @@ jobs="$(nproc 2>/dev/null || echo 2)"
 targets=(capalloc capalloc_cli gpu_runtime_test capalloc_bench_gemm_cuda)
 
 echo "gpu-bundle.sh: building ${targets[*]} in $build (Release, CUDA on, HIP off)"
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$repo_root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCAPALLOC_WITH_CUDA=ON -DCAPALLOC_WITH_HIP=OFF \
-    -DCAPALLOC_BUILD_TESTS=ON -DCAPALLOC_BUILD_TOOLS=ON
-fi
+# Configured every time, so an existing build directory gets the bundle's
+# settings too (the generator of an existing one is kept).
+[[ -f "$build/CMakeCache.txt" ]] && generator=()
+cmake -S "$repo_root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCAPALLOC_WITH_CUDA=ON -DCAPALLOC_WITH_HIP=OFF \
+  -DCAPALLOC_BUILD_TESTS=ON -DCAPALLOC_BUILD_TOOLS=ON >/dev/null
 cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"
 
 echo "gpu-bundle.sh: assembling $out"
@@ -109,6 +112,7 @@ for elf in "$out"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$elf"; done
 for elf in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$elf"; done
 
 install -m 0644 "$repo_root/tools/python/capalloc.py" "$repo_root/tools/gpu/compare_verdicts.py" \
+  "$repo_root/tools/gpu/bundle_fresh.py" \
   "$out/python/"
 install -m 0755 "$repo_root/tools/python/seed003_arms_torch.py" \
   "$repo_root/tools/python/torch_native_capture.py" "$out/python/"
@@ -116,9 +120,9 @@ install -m 0755 "$repo_root/tools/gpu-check.sh" "$out/gpu-check.sh"
 
 # The manifest: what was built, from what, and what the GPU machine must
 # have (the newest glibc and libstdc++ symbol versions any file needs).
-python3 - "$out" "$repo_root" "$nvcc" <<'PY'
+python3 - "$out" "$repo_root" "$nvcc" "$build/CMakeCache.txt" <<'PY'
 import json, os, re, subprocess, sys
-out, repo, nvcc = sys.argv[1:4]
+out, repo, nvcc, cache_file = sys.argv[1:5]
 def run(*cmd):
     try:
         return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -136,15 +140,33 @@ for root, _, names in os.walk(out):
             if f.read(4) == b"\x7fELF":
                 needs += run("readelf", "--version-info", "-W", path)
 nvcc_version = re.search(r"release ([0-9.]+)", run(nvcc, "--version"))
+cache = {}
+with open(cache_file) as f:
+    for line in f:
+        m = re.match(r"([A-Za-z_0-9]+):[A-Z]+=(.*)$", line.rstrip("\n"))
+        if m:
+            cache[m.group(1)] = m.group(2)
+# The tracked sources as they were built: path -> git blob id of the file in
+# the work tree (uncommitted edits included).
+sources = None
+listed = subprocess.run(["git", "-C", repo, "ls-files", "-z"], capture_output=True)
+if listed.returncode == 0:
+    paths = [p for p in listed.stdout.decode().split("\0") if p and os.path.isfile(os.path.join(repo, p))]
+    ids = subprocess.run(["git", "-C", repo, "hash-object", "--stdin-paths"], input="\n".join(paths),
+                         capture_output=True, text=True, check=True).stdout.split()
+    sources = dict(zip(paths, ids))
 manifest = {
     "schema": "capalloc.gpu-bundle/1",
     "commit": run("git", "-C", repo, "rev-parse", "HEAD").strip() or None,
     "dirty": bool(run("git", "-C", repo, "status", "--porcelain", "--untracked-files=no").strip()),
-    "build_type": "Release", "cuda": nvcc_version.group(1) if nvcc_version else None,
-    "cuda_architectures": "90", "hip": False,
+    "build_type": cache.get("CMAKE_BUILD_TYPE"),
+    "cuda": nvcc_version.group(1) if nvcc_version else None,
+    "cuda_architectures": cache.get("CAPALLOC_CUDA_ARCHITECTURES"),
+    "with_cuda": cache.get("CAPALLOC_WITH_CUDA"), "with_hip": cache.get("CAPALLOC_WITH_HIP"),
     "needs": {"glibc": newest("GLIBC", needs), "glibcxx": newest("GLIBCXX", needs),
               "driver_library": "libcuda.so.1"},
     "total_bytes": sum(f["bytes"] for f in files), "files": files,
+    "sources": sources,
 }
 with open(os.path.join(out, "MANIFEST.json"), "w") as f:
     json.dump(manifest, f, indent=2)
@@ -152,5 +174,5 @@ print(f"gpu-bundle.sh: {len(files)} files, {manifest['total_bytes'] / 2**20:.1f}
       f"needs glibc {manifest['needs']['glibc']}, libstdc++ GLIBCXX {manifest['needs']['glibcxx']}")
 PY
 echo "gpu-bundle.sh: done: $out"
-echo "  check here:       python3 tools/gpu/check_bundle.py $out"
-echo "  on the GPU box:   bash tools/gpu-check.sh --bundle $out --out OUTDIR"
+echo "  check here:       python3 tools/gpu/check_bundle.py '$out'"
+echo "  on the GPU box:   bash tools/gpu-check.sh --bundle '$out' --out OUTDIR"

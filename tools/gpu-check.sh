@@ -2,21 +2,25 @@
 # tools/gpu-check.sh: every check that needs an NVIDIA GPU, run from a bundle
 # made by tools/gpu-bundle.sh, on a bare GPU machine (no Debian packages, no
 # network, no build). Fits in 5 minutes on an H200: each step has its own
-# time limit, and the whole run stops starting steps at 290 s.
+# time limit, and the run starts no step after 290 s.
 #
-#   bash tools/gpu-check.sh --bundle DIR --out OUTDIR [--only STEP,...]
+#   bash tools/gpu-check.sh --bundle DIR --out OUTDIR [--only STEP,...] [--keep-logs]
 #
 #   --bundle DIR   the bundle (default: gpu-bundle/ beside tools/, or the
 #                  directory this script sits in when it is the bundle's copy)
-#   --out OUTDIR   logs, per-step outputs, summary.txt and summary.json
-#                  (default: gpu-check-out/)
+#   --out OUTDIR   where results go (default: gpu-check-out/). Three files:
+#                  summary.txt, summary.json and logs.tar.gz (every step's log
+#                  and outputs, under logs/): the device tool brings back at
+#                  most 8 files
 #   --only STEPS   run only these steps (comma-separated), e.g. --only arms,gemm-scenario
+#   --keep-logs    also leave OUTDIR/logs/ unpacked
 #   --list         print the steps and exit
 #
 # Steps (docs/gpu.md says what each proves):
 #   nvidia-smi           the device, driver and memory
-#   bundle-loads         every ELF in the bundle loads with the GPU machine's
-#                        own loader (ldd: nothing "not found")
+#   bundle-fresh         the bundle was built from the source tree beside it
+#   bundle-loads         every ELF in the bundle loads with this machine's
+#                        loader and glibc (ldd: nothing "not found")
 #   gpu-tests            gpu_runtime_test (a skip for want of a device fails)
 #   arms                 `capalloc arms --json` on cuda and on host in this
 #                        run, compared field by field
@@ -27,26 +31,32 @@
 #                        findings and evidence, checked against a replay
 #   gemm-vs-cublas       the split-K GEMM against cuBLAS, seed 003's shapes
 #
-# A step that cannot run here (no PyTorch, no cuBLAS) exits 77 and is marked
-# SKIP with its reason, never PASS. Exit status: 0 when no step failed.
+# A step that cannot run here (no PyTorch, no cuBLAS, no source tree) exits
+# 77 and is marked SKIP with its reason, never PASS. A step past its limit is
+# killed with its whole process group. Exit status: 0 when no step failed.
 set -uo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -f "$script_dir/MANIFEST.json" ]]; then
   bundle="$script_dir"            # this is the bundle's own copy
+  tree="$script_dir/.."
 else
   bundle="$script_dir/../gpu-bundle"
+  tree="$script_dir/.."
 fi
 out="gpu-check-out"
 only=""
-all_steps=(nvidia-smi bundle-loads gpu-tests arms gemm-scenario torch-arms
+only_given=0
+keep_logs=0
+all_steps=(nvidia-smi bundle-fresh bundle-loads gpu-tests arms gemm-scenario torch-arms
            torch-native-capture gemm-vs-cublas)
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --bundle) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; bundle="$2"; shift 2 ;;
     --out) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; out="$2"; shift 2 ;;
-    --only) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; only="$2"; shift 2 ;;
+    --only) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; only="$2"; only_given=1; shift 2 ;;
+    --keep-logs) keep_logs=1; shift ;;
     --list) printf '%s\n' "${all_steps[@]}"; exit 0 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
@@ -57,18 +67,33 @@ if [[ ! -f "$bundle/MANIFEST.json" || ! -x "$bundle/bin/capalloc" ]]; then
   echo "  make one on a build machine: bash tools/gpu-bundle.sh" >&2
   exit 2
 fi
-if [[ -n "$only" ]]; then
+is_step() {
+  local s
+  for s in "${all_steps[@]}"; do [[ "$s" == "$1" ]] && return 0; done
+  return 1
+}
+wanted=()
+if ((only_given)); then
   IFS=',' read -r -a wanted <<<"$only"
+  ((${#wanted[@]})) || { echo "gpu-check.sh: --only names no step (steps: ${all_steps[*]})" >&2; exit 2; }
   for s in "${wanted[@]}"; do
-    [[ " ${all_steps[*]} " == *" $s "* ]] || {
-      echo "gpu-check.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2; }
+    is_step "$s" || { echo "gpu-check.sh: unknown step '$s' (steps: ${all_steps[*]})" >&2; exit 2; }
   done
 else
   wanted=("${all_steps[@]}")
 fi
+is_wanted() {
+  local s
+  for s in "${wanted[@]}"; do [[ "$s" == "$1" ]] && return 0; done
+  return 1
+}
 bundle="$(cd "$bundle" && pwd)"
+tree="$(cd "$tree" && pwd)"
 mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
+logs="$out/logs"
+rm -rf "$logs" "$out/logs.tar.gz"
+mkdir -p "$logs"
 bin="$bundle/bin"
 py="$bundle/python"
 export CAPALLOC_LIBRARY="$bundle/lib/libcapalloc.so"
@@ -80,27 +105,53 @@ summary_rows=()
 json_rows=()
 failed=0
 
+# run_limited LIMIT LOG COMMAND...: runs COMMAND (a function below) in a
+# session of its own, output to LOG; past LIMIT seconds the whole process
+# group gets SIGTERM, then SIGKILL 3 s later, and the status is 124.
+run_limited() {
+  local limit="$1" log="$2"
+  shift 2
+  if ! command -v setsid >/dev/null; then
+    timeout --kill-after=3 "$limit" bash -c '"$@"' step "$@" >"$log" 2>&1
+    return
+  fi
+  # A background job of a script without job control is no group leader,
+  # so setsid makes it one without forking: $! is the group's id.
+  setsid bash -c '"$@"' step "$@" >"$log" 2>&1 &
+  local pid=$! tenths=0
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((tenths >= limit * 10)); then
+      kill -TERM -- "-$pid" 2>/dev/null
+      sleep 3
+      kill -KILL -- "-$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 0.1
+    tenths=$((tenths + 1))
+  done
+  wait "$pid"
+}
+
 # step NAME LIMIT COMMAND...: runs COMMAND with a time limit (cut to what is
-# left before the deadline), logs to OUTDIR/NAME.log, and records PASS, FAIL
-# or SKIP (exit 77) with the log's last `result:` line (else its last line).
+# left before the deadline), logs to logs/NAME.log, and records PASS, FAIL or
+# SKIP (exit 77) with the log's last `result:` line (else its last line).
 step() {
   local name="$1" limit="$2"
   shift 2
-  [[ " ${wanted[*]} " == *" $name "* ]] || return 0
+  is_wanted "$name" || return 0
   local left=$((deadline - SECONDS)) status rc note t0=$SECONDS
-  local log="$out/$name.log"
+  local log="$logs/$name.log"
   if ((left < 5)); then
     status=SKIP rc=-1 note="not started: the run's 290 s were spent"
   else
     ((limit > left)) && limit=$left
     echo "=== $name (limit ${limit}s)"
-    # A step's command is one of the functions below, exported to the bash
-    # that timeout starts.
-    timeout --kill-after=5 "$limit" bash -c '"$@"' "$name" "$@" >"$log" 2>&1
+    run_limited "$limit" "$log" "$@"
     rc=$?
     tail -n 25 "$log"
-    note="$(grep -E '^result: ' "$log" | tail -n 1 | sed 's/^result: //')"
-    [[ -n "$note" ]] || note="$(grep -v '^[[:space:]]*$' "$log" | tail -n 1)"
+    note="$(grep -a -E '^result: ' "$log" | tail -n 1 | sed 's/^result: //')"
+    [[ -n "$note" ]] || note="$(grep -a -v '^[[:space:]]*$' "$log" | tail -n 1)"
     case "$rc" in
       0) status=PASS ;;
       77) status=SKIP ;;
@@ -109,36 +160,43 @@ step() {
     esac
   fi
   local secs=$((SECONDS - t0))
+  note="${note//$'\t'/ }"
   summary_rows+=("$(printf '%-21s %-5s %4ss  %s' "$name" "$status" "$secs" "${note:0:160}")")
   json_rows+=("$(printf '%s\t%s\t%s\t%s\t%s' "$name" "$status" "$rc" "$secs" "$note")")
 }
 
-# The GPU runtime's JSON and the host runtime's, in this run, compared.
+# The GPU runtime's JSON and the host runtime's, in this run, compared (also
+# when a run reports a mismatch: the comparison says where).
 compare_with_host() {
-  local name="$1"
+  local name="$1" rc_host rc_cuda
   shift
-  "$bin/capalloc" "$@" --runtime host --json >"$out/$name.host.json" || {
-    echo "result: the host runtime's run failed (exit $?)"; return 1; }
-  "$bin/capalloc" "$@" --runtime cuda --json >"$out/$name.cuda.json" || {
-    echo "result: the cuda runtime's run failed (exit $?)"; cat "$out/$name.cuda.json"; return 1; }
-  "$python" "$py/compare_verdicts.py" "$out/$name.host.json" "$out/$name.cuda.json" \
-    --out "$out/$name.diff.json"
+  "$bin/capalloc" "$@" --runtime host --json >"$logs/$name.host.json"
+  rc_host=$?
+  "$bin/capalloc" "$@" --runtime cuda --json >"$logs/$name.cuda.json"
+  rc_cuda=$?
+  if ! "$python" -c 'import json, sys; json.load(open(sys.argv[1]))' "$logs/$name.cuda.json" 2>/dev/null; then
+    echo "result: the cuda runtime's run gave no JSON (exit $rc_cuda)"
+    return 1
+  fi
+  "$python" "$py/compare_verdicts.py" "$logs/$name.host.json" "$logs/$name.cuda.json" \
+    --out "$logs/$name.diff.json" || return 1
+  ((rc_host == 0 && rc_cuda == 0)) || { echo "result: exit host $rc_host, cuda $rc_cuda"; return 1; }
 }
 
 # PyTorch with CUDA importable? (exit 77 with the reason when not)
 torch_ready() {
   [[ -n "$python" ]] || { echo "result: skipped: no python3"; return 77; }
-  "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' 2>"$out/torch-import.err"
+  "$python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)' 2>"$logs/torch-import.err"
   case $? in
     0) return 0 ;;
     3) echo "result: skipped: PyTorch imports but sees no CUDA device"; return 77 ;;
-    *) echo "result: skipped: PyTorch is not importable: $(tail -n 1 "$out/torch-import.err")"; return 77 ;;
+    *) echo "result: skipped: PyTorch is not importable: $(tail -n 1 "$logs/torch-import.err")"; return 77 ;;
   esac
 }
 
 # cuBLAS for the benchmark: the CUDA toolkit's, else PyTorch's nvidia wheels'.
 cublas_dirs() {
-  local dirs=()
+  local dirs=() d
   for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/lib \
            /usr/lib/x86_64-linux-gnu; do
     [[ -e "$d/libcublas.so.13" && " ${dirs[*]} " != *" $d "* ]] && dirs+=("$d")
@@ -167,20 +225,24 @@ run_nvidia_smi() {
   echo "result: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 }
 
+run_bundle_fresh() {
+  [[ -f "$tree/tools/gpu-check.sh" ]] || {
+    echo "result: skipped: no source tree beside the bundle ($tree) to compare with"; return 77; }
+  "$python" "$py/bundle_fresh.py" "$bundle" "$tree"
+}
+
 run_bundle_loads() {
-  echo "bundle: $(cat "$bundle/MANIFEST.json" | tr -d '\n' | sed 's/"files".*//' | cut -c1-400)"
+  "$python" -c 'import json, sys; m = json.load(open(sys.argv[1])); m.pop("files", None); m.pop("sources", None); print("bundle:", json.dumps(m))' \
+    "$bundle/MANIFEST.json"
   echo "this machine: $(ldd --version 2>&1 | head -n 1)"
-  local bad=0 elf
+  local bad=0 elf report
   for elf in "$bin"/* "$bundle"/lib/*.so*; do
-    if ldd "$elf" 2>&1 | grep -q 'not found'; then
-      echo "$elf:"; ldd "$elf" 2>&1 | grep 'not found'; bad=1
+    report="$(ldd "$elf" 2>&1)"
+    if grep -q 'not found' <<<"$report"; then
+      echo "$elf:"; grep 'not found' <<<"$report"; bad=1
     fi
-    if ! ldd -r "$elf" >/dev/null 2>&1; then echo "$elf: ldd -r failed"; bad=1; fi
-    ldd "$elf" 2>&1 | grep -q 'version .* not found' && {
-      echo "$elf: this machine's glibc or libstdc++ is older than the build's:"
-      ldd "$elf" 2>&1 | grep 'version .* not found'; bad=1; }
   done
-  ((bad)) && { echo "result: some bundle files do not load here"; return 1; }
+  ((bad)) && { echo "result: some bundle files do not load here (a library or a glibc/libstdc++ version not found)"; return 1; }
   echo "result: every bundle ELF resolves on this machine"
 }
 
@@ -206,15 +268,18 @@ run_gemm_vs_cublas() {
   local dirs
   dirs="$(cublas_dirs)"
   [[ -n "$dirs" ]] && echo "cuBLAS from: $dirs"
-  LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$bin/capalloc_bench_gemm_cuda" --iters 50
+  local path="$dirs"
+  [[ -n "${LD_LIBRARY_PATH:-}" ]] && path="${path:+$path:}$LD_LIBRARY_PATH"
+  LD_LIBRARY_PATH="$path" "$bin/capalloc_bench_gemm_cuda" --iters 50
 }
 
-export bundle out bin py python
-export -f compare_with_host torch_ready cublas_dirs run_nvidia_smi run_bundle_loads run_gpu_tests \
-  run_torch_arms run_torch_native_capture run_gemm_vs_cublas
+export bundle tree logs bin py python
+export -f compare_with_host torch_ready cublas_dirs run_nvidia_smi run_bundle_fresh \
+  run_bundle_loads run_gpu_tests run_torch_arms run_torch_native_capture run_gemm_vs_cublas
 echo "gpu-check.sh: bundle $bundle, output $out, steps: ${wanted[*]}"
 step nvidia-smi 15 run_nvidia_smi
-step bundle-loads 15 run_bundle_loads
+step bundle-fresh 15 run_bundle_fresh
+step bundle-loads 30 run_bundle_loads
 step gpu-tests 90 run_gpu_tests
 step arms 40 compare_with_host arms arms
 step gemm-scenario 40 compare_with_host gemm-scenario gemm-scenario
@@ -222,29 +287,32 @@ step torch-arms 60 run_torch_arms
 step torch-native-capture 45 run_torch_native_capture
 step gemm-vs-cublas 45 run_gemm_vs_cublas
 
+gpu_line="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 {
   echo "capalloc gpu-check $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
-  echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
-  echo "bundle: $bundle"
+  echo "gpu: ${gpu_line:-none found}"
+  echo "bundle: $bundle (commit $(grep -o '"commit": *"[0-9a-f]*"' "$bundle/MANIFEST.json" | grep -o '[0-9a-f]\{12,\}' | cut -c1-12))"
   printf '%-21s %-5s %5s  %s\n' step status time result
   printf '%s\n' "${summary_rows[@]}"
 } >"$out/summary.txt"
 printf '%s\n' "${json_rows[@]}" | "${python:-python3}" -c '
-import json, sys, subprocess
+import json, sys
+sys.stdin.reconfigure(errors="replace")
 steps = []
 for line in sys.stdin:
     if line.strip():
         name, status, rc, secs, note = line.rstrip("\n").split("\t", 4)
         steps.append({"step": name, "status": status, "exit": int(rc), "seconds": int(secs),
                       "result": note})
-gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip() if sys.argv[2] == "1" else ""
 manifest = json.load(open(sys.argv[1]))
-json.dump({"schema": "capalloc.gpu-check/1", "gpu": gpu, "bundle_commit": manifest.get("commit"),
-           "steps": steps, "failed": any(s["status"] == "FAIL" for s in steps)},
+json.dump({"schema": "capalloc.gpu-check/1", "gpu": sys.argv[2],
+           "bundle_commit": manifest.get("commit"), "steps": steps,
+           "failed": any(s["status"] == "FAIL" for s in steps)},
           open(sys.argv[3], "w"), indent=1)
-' "$bundle/MANIFEST.json" "$(command -v nvidia-smi >/dev/null && echo 1 || echo 0)" "$out/summary.json" \
+' "$bundle/MANIFEST.json" "$gpu_line" "$out/summary.json" \
   || echo "gpu-check.sh: could not write summary.json" >&2
+tar -czf "$out/logs.tar.gz" -C "$out" logs || echo "gpu-check.sh: could not pack the logs" >&2
+((keep_logs)) || rm -rf "$logs"
 echo
 cat "$out/summary.txt"
 exit "$failed"

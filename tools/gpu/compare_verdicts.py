@@ -8,7 +8,10 @@ command by tools/gpu-check.sh.
 Every field must be equal except those that name the machine rather than the
 verdict: the runtime's name, addresses (pointer strings, and `0x...` inside
 messages), and capture positions (the host runtime counts operations, CUDA
-counts graph nodes). Floating-point values (GEMM errors) agree within a
+counts graph nodes). Capture ids and graph handles are compared by identity,
+not value: each document's are renumbered 1, 2, ... in order of first
+appearance (CUDA's capture ids need not start at 1, and its graph handles
+are pointers), so the same graph must carry the same number in both. Floating-point values (GEMM errors) agree within a
 relative 1e-3: the device may sum in another order. Everything else, the alias answers, findings (severity,
 evidence, writer and victim tags and sizes, overlap bytes, reuse chains),
 replay numbers and `expected_match` flags, must agree.
@@ -25,6 +28,44 @@ import sys
 MACHINE_KEYS = {"runtime", "ptr", "begin", "capture_position", "write_position", "freed_at"}
 FLOAT_TOLERANCE = 1e-3
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+CAPTURE_IN_TEXT = re.compile(r"(capture )(\d+)")
+CAPTURE_KEYS = {"capture", "freed_in_capture"}
+
+
+def renumber(doc):
+    """Returns `doc` with capture ids and graph handles renumbered by first
+    appearance (0 stays 0: "none")."""
+    ids = {"capture": {}, "graph": {}}
+
+    def number(kind, value):
+        if value == 0:
+            return 0
+        return ids[kind].setdefault(value, len(ids[kind]) + 1)
+
+    def text(value):
+        return CAPTURE_IN_TEXT.sub(lambda m: m.group(1) + str(number("capture", int(m.group(2)))),
+                                   value)
+
+    def walk(node):
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key in CAPTURE_KEYS and isinstance(value, int):
+                    out[key] = number("capture", value)
+                elif key == "graph" and isinstance(value, int):
+                    out[key] = number("graph", value)
+                else:
+                    out[key] = walk(value)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, str):
+            return text(node)
+        return node
+
+    return walk(doc)
 
 
 def normalize_text(value):
@@ -71,7 +112,7 @@ def main():
             print(f"result: cannot read {name}: {e}")
             return 2
     host, gpu = docs
-    diffs = list(differences(host, gpu))
+    diffs = list(differences(renumber(host), renumber(gpu)))
     for path, h, g in diffs:
         print(f"differs {path}: host {json.dumps(h)} vs {gpu.get('runtime', 'gpu')} {json.dumps(g)}")
     if args.out:

@@ -8,9 +8,9 @@
         print(finding)
     state = capalloc.snapshot()             # dict: devices, live blocks, graphs, findings
 
-The library is found, in order: the `path` argument, $CAPALLOC_LIBRARY, the
-build tree next to this file (build/libcapalloc.so), then the system's
-library path. install() hands the same file to
+The library is found, in order: the `path` argument, $CAPALLOC_LIBRARY,
+../lib/libcapalloc.so beside this file (a GPU bundle), the build tree next to
+this file (build/libcapalloc.so), then the system's library path. install() hands the same file to
 torch.cuda.memory.CUDAPluggableAllocator, so PyTorch and this module share
 one process-wide capalloc.
 
@@ -83,6 +83,7 @@ def _candidates(path):
     if env:
         yield env
     here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "..", "lib", "libcapalloc.so")  # in a GPU bundle (docs/gpu.md)
     yield os.path.join(here, "..", "..", "build", "libcapalloc.so")
     found = ctypes.util.find_library("capalloc")
     if found:

@@ -11,10 +11,10 @@ inputs; after one replay it checks the output and every live tensor it knows
 (inputs, a canary allocated before the capture, one allocated after it).
 
 Prints the graph record (evidence, writes), every finding, the replay's
-outcome per tensor and a last `result:` line. Exit status: 0 when the tracker
-and the replay agree (no `hazard` whose victim the replay left intact, and no
-clobbered tensor without a finding naming it), 1 when they disagree, 77 when
-PyTorch with CUDA is not available.
+outcome per tensor and a last `result:` line. Exit status: 0 when capalloc
+recorded the graph and the tracker and the replay agree (no `hazard` whose
+victim the replay left intact, and no clobbered tensor without a finding
+naming it), 1 otherwise, 77 when PyTorch with CUDA is not available.
 
     CAPALLOC_LIBRARY=.../libcapalloc.so python3 torch_native_capture.py
 """
@@ -108,6 +108,9 @@ unverified = named.get(None, [])
 if unverified:
     print(f"  {len(unverified)} finding(s) name blocks this script does not hold "
           "(PyTorch's own, e.g. cuBLAS workspaces): not checked against the replay")
+if not records:
+    disagreements.append("capalloc recorded no graph for the capture: the allocator was not "
+                         "used, or the capture was not found through it")
 for d in disagreements:
     print(f"DISAGREE: {d}")
 
