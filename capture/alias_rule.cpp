@@ -18,18 +18,19 @@ MemorySpan intersect(MemorySpan a, MemorySpan b) {
   return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
 }
 
-// True when `record` writes all of `range` through `victim` at positions
-// after `after`: the replay then ends with the victim's own data there.
-bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, MemorySpan range,
-                         std::size_t after) {
-  auto it = record.by_writer.find(victim.sequence);
+// True when `record` writes all of `range` whole (kWrite) through `block` at
+// capture positions for which `in_window` holds.
+template <typename Window>
+bool written_whole_by(const IndexedRecord& record, const BlockRef& block, MemorySpan range,
+                      Window in_window) {
+  auto it = record.by_writer.find(block.sequence);
   if (it == record.by_writer.end()) return false;
   std::vector<MemorySpan> own;
   for (std::size_t i : it->second) {
     const RecordedWrite& w = record.record.writes[i];
-    // Only a whole write restores the victim's data: an update or state
-    // access reads the clobbered bytes first and carries the clobber on.
-    if (w.mode == AccessMode::kWrite && w.position > after && w.span.overlaps(range)) {
+    // Only a whole write sets the bytes: an update or state access reads
+    // them first and carries what was there on.
+    if (w.mode == AccessMode::kWrite && in_window(w.position) && w.span.overlaps(range)) {
       own.push_back(w.span);
     }
   }
@@ -42,6 +43,20 @@ bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, Me
     if (covered_to >= range.end()) return true;
   }
   return covered_to >= range.end();
+}
+
+// True when the victim's own writes after `after` restore all of `range`:
+// the replay then ends with the victim's own data there.
+bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, MemorySpan range,
+                         std::size_t after) {
+  return written_whole_by(record, victim, range, [after](std::size_t p) { return p > after; });
+}
+
+// True when the graph writes all of `range` through `block` before position
+// `before`: a read there reads the graph's own data of this replay.
+bool written_earlier(const IndexedRecord& record, const BlockRef& block, MemorySpan range,
+                     std::size_t before) {
+  return written_whole_by(record, block, range, [before](std::size_t p) { return p < before; });
 }
 
 // True when `spans` together cover all of `range`.
@@ -131,6 +146,11 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     f.severity = Severity::kHazard;
     f.severity_reason = std::move(reason);
   };
+  if (f.harm == Harm::kStaleRead) {
+    return hazard(absl::StrFormat(
+        "a stale read: each replay computes from %s's data instead of the graph's own input",
+        name_of(f.victim)));
+  }
   if (f.victim.lifetime == Lifetime::kPersistent) {
     return hazard("the victim is persistent: every replay must leave it intact");
   }
@@ -190,6 +210,19 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
 
 std::string fix_for(const Finding& f) {
   const std::string victim = name_of(f.victim);
+  if (f.harm == Harm::kStaleRead) {
+    if (f.writer.sequence == 0) {
+      return absl::StrFormat(
+          "%s reads memory that no block held when it was captured (a stale pointer): "
+          "capture only launches whose buffers are live",
+          f.graph_label);
+    }
+    return absl::StrFormat(
+        "%s still reads through %s, which was freed after the capture: keep %s alive while %s "
+        "can replay (the graph outlived a tensor it depends on), or destroy the graph before "
+        "freeing it",
+        f.graph_label, name_of(f.writer), name_of(f.writer), f.graph_label);
+  }
   if (f.victim.capture != 0) {
     return absl::StrFormat(
         "%s was allocated during capture %d and outlives it: allocate it before the capture, "
@@ -245,6 +278,47 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
       f->write_position = w.position;
       f->write_op = w.op;
       f->write_mode = w.mode;
+    }
+  }
+}
+
+void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
+                      const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
+  // One finding per (graph, victim), named after the first stale read in
+  // capture order; `overlap` bounds them all.
+  Finding* f = nullptr;
+  for (std::size_t i : candidates) {
+    const RecordedWrite& a = r.record.writes[i];
+    if (a.mode == AccessMode::kWrite) continue;  // reads, updates and state read first
+    if (a.writer.sequence == victim.sequence && victim.sequence != 0) continue;
+    const MemorySpan overlap = intersect(a.span, victim.span());
+    if (overlap.bytes == 0) continue;
+    // The graph's own data of this replay, written through that block
+    // before: not the victim's.
+    if (a.evidence != WriteEvidence::kFootprint && written_earlier(r, a.writer, overlap, a.position)) {
+      continue;
+    }
+    if (f == nullptr) {
+      out.emplace_back();
+      f = &out.back();
+      f->graph = r.record.graph;
+      f->graph_label = r.record.label;
+      f->capture = r.record.capture;
+      f->harm = Harm::kStaleRead;
+      f->victim = victim;
+      f->overlap = overlap;
+    } else {
+      const std::uintptr_t begin = std::min(f->overlap.begin(), overlap.begin());
+      const std::uintptr_t end = std::max(f->overlap.end(), overlap.end());
+      f->overlap = {reinterpret_cast<const void*>(begin), end - begin};
+    }
+    ++f->clobbering_writes;
+    if (f->clobbering_writes == 1 || a.position < f->write_position) {
+      f->evidence = a.evidence;
+      f->writer = a.writer;
+      f->write_position = a.position;
+      f->write_op = a.op;
+      f->write_mode = a.mode;
     }
   }
 }

@@ -72,6 +72,12 @@ struct VictimAccess {
 // `accesses`, every graph's accesses through the victim (the rule is in
 // capalloc/capture.hpp at Severity, with examples in docs/design.md).
 void classify(Finding& f, std::vector<VictimAccess> accesses);
+// Appends the stale-read finding of `record` against `victim`, if any: the
+// graph reads the victim's bytes through another block (freed since, or no
+// block) without writing them first in the same replay.
+void find_stale_reads(const IndexedRecord& record, const BlockRef& victim,
+                      const std::vector<std::size_t>& candidates, std::vector<Finding>& out);
+
 std::string fix_for(const Finding& finding);
 
 }  // namespace capalloc::detail

@@ -93,6 +93,7 @@ void write_finding(JsonWriter& j, const Finding& f) {
   j.field("graph", f.graph);
   j.field("graph_label", f.graph_label);
   j.field("capture", f.capture);
+  j.field("harm", harm_name(f.harm));
   j.field("severity", severity_name(f.severity));
   j.field("evidence", evidence_name(f.evidence));
   j.key("writer");
@@ -154,6 +155,10 @@ const char* evidence_name(WriteEvidence evidence) {
   return "?";
 }
 
+const char* harm_name(Harm harm) {
+  return harm == Harm::kClobber ? "clobber" : "stale_read";
+}
+
 const char* access_mode_name(AccessMode mode) {
   switch (mode) {
     case AccessMode::kRead:
@@ -180,6 +185,20 @@ std::string Finding::summary() const {
                                                     : absl::StrFormat(" in capture %d at %d",
                                                                       link.freed_in_capture,
                                                                       link.freed_at)));
+  }
+  if (harm == Harm::kStaleRead) {
+    return absl::StrFormat(
+        "[%s] %s (capture %d) reads stale data from %s: each replay reads %s at %p through %s "
+        "(%s, %s at capture position %d, %s evidence%s), memory that block no longer holds. "
+        "%s. Reuse chain: %s. Fix: %s.",
+        severity_name(severity), graph_label, capture, detail::describe_block(victim),
+        detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
+        detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
+        evidence_name(evidence),
+        clobbering_writes > 1 ? absl::StrFormat("; the first of %d such reads", clobbering_writes)
+                              : std::string(),
+        severity_reason.empty() ? "Severity: -" : absl::StrCat("Severity: ", severity_reason),
+        chain.empty() ? "-" : chain, fix);
   }
   return absl::StrFormat(
       "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s, %s at "

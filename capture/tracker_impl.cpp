@@ -21,8 +21,8 @@ using detail::IndexedRecord;
 // pointers on CUDA), then the victim's allocation.
 void detail::sort_findings(std::vector<Finding>& findings) {
   std::stable_sort(findings.begin(), findings.end(), [](const Finding& a, const Finding& b) {
-    return std::tie(a.capture, a.graph, a.victim.sequence) <
-           std::tie(b.capture, b.graph, b.victim.sequence);
+    return std::tie(a.capture, a.graph, a.victim.sequence, a.harm) <
+           std::tie(b.capture, b.graph, b.victim.sequence, b.harm);
   });
 }
 
@@ -130,13 +130,20 @@ int CaptureTracker::Impl::device_of(const Finding& f) const {
 // Findings of one record against the live blocks its writes touch.
 // Requires mu.
 std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) {
-  std::vector<MemorySpan> spans;
+  std::vector<MemorySpan> spans, read_spans;  // what the graph writes, and what it reads
   for (const RecordedWrite& w : r.record.writes) {
     if (w.mode != AccessMode::kRead) spans.push_back(w.span);
+    if (w.mode != AccessMode::kWrite) read_spans.push_back(w.span);
   }
   std::vector<Finding> out;
   for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
     detail::find_clobbers(r, victim, r.writes_overlapping(victim.span()), out);
+  }
+  // Stale reads: live blocks now holding bytes the graph reads through
+  // another block (the common case, a read through its own live block,
+  // finds nothing).
+  for (const BlockRef& victim : live_victims(r.record.device, std::move(read_spans))) {
+    detail::find_stale_reads(r, victim, r.writes_overlapping(victim.span()), out);
   }
   for (Finding& f : out) complete_finding(f);
   detail::sort_findings(out);
@@ -147,7 +154,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
 std::vector<Finding> CaptureTracker::Impl::only_new(std::vector<Finding> findings) {
   std::vector<Finding> fresh;
   for (Finding& f : findings) {
-    if (reported.insert({f.graph, f.victim.sequence, f.severity}).second) {
+    if (reported.insert({f.graph, f.victim.sequence, f.harm, f.severity}).second) {
       fresh.push_back(std::move(f));
     }
   }

@@ -59,11 +59,12 @@ struct LoggedEvent {
 struct FindingKey {
   GraphHandle graph;
   std::uint64_t victim;
+  Harm harm;
   Severity severity;
   bool operator==(const FindingKey&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const FindingKey& k) {
-    return H::combine(std::move(h), k.graph, k.victim, k.severity);
+    return H::combine(std::move(h), k.graph, k.victim, k.harm, k.severity);
   }
 };
 

@@ -49,6 +49,14 @@ namespace capalloc {
 // and replayed in strict mode.
 enum class Severity { kHazard, kCrossGraphOutput };
 
+// What a graph's replay does to the victim.
+enum class Harm {
+  kClobber,    // writes the victim's bytes through another block
+  kStaleRead,  // reads, through a block freed since the capture (or through no
+               // block), bytes the victim now holds: each replay computes from
+               // the victim's data instead of its own input
+};
+
 // A block as records and findings name it: its identity is `sequence`.
 struct BlockRef {
   std::uint64_t sequence = 0;  // 0: no block (memory not allocated at the time)
@@ -98,11 +106,15 @@ struct Finding {
   GraphHandle graph = 0;
   std::string graph_label;
   CaptureId capture = 0;
+  Harm harm = Harm::kClobber;
   Severity severity = Severity::kHazard;
   WriteEvidence evidence = WriteEvidence::kDeclared;
-  // The last write (in capture order) that lands on the victim through
-  // another block: the data a replay leaves there. `clobbering_writes`
-  // counts all such writes of the graph; `overlap` bounds them.
+  // For a clobber, the last write (in capture order) that lands on the
+  // victim through another block: the data a replay leaves there;
+  // `clobbering_writes` counts all such writes of the graph and `overlap`
+  // bounds them. For a stale read, the first read of the victim's bytes
+  // through the freed block (`writer`), and `clobbering_writes` counts the
+  // stale reads.
   BlockRef writer;
   std::size_t write_position = 0;
   std::string write_op;
@@ -125,6 +137,7 @@ CAPALLOC_API std::string findings_to_json(const std::vector<Finding>& findings);
 CAPALLOC_API const char* severity_name(Severity severity);
 CAPALLOC_API const char* evidence_name(WriteEvidence evidence);
 CAPALLOC_API const char* access_mode_name(AccessMode mode);
+CAPALLOC_API const char* harm_name(Harm harm);
 
 struct TrackerOptions {
   // Refuse replays of graphs with hazard findings (kFailedPrecondition)
