@@ -18,14 +18,45 @@ MemorySpan intersect(MemorySpan a, MemorySpan b) {
   return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
 }
 
-// True when `record` writes all of `range` whole (kWrite) through `block` at
+// `spans` sorted by start and merged where they touch or overlap.
+std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
+  std::sort(spans.begin(), spans.end(),
+            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+  std::vector<MemorySpan> out;
+  for (const MemorySpan& s : spans) {
+    if (s.bytes == 0) continue;
+    if (!out.empty() && s.begin() <= out.back().end()) {
+      const std::uintptr_t end = std::max(out.back().end(), s.end());
+      out.back().bytes = end - out.back().begin();
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// The bytes of `range` that none of `cover` holds, as sorted ranges.
+std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
+  std::vector<MemorySpan> out;
+  std::uintptr_t at = range.begin();
+  for (const MemorySpan& c : merged(std::move(cover))) {
+    if (c.end() <= at) continue;
+    if (c.begin() >= range.end()) break;
+    if (c.begin() > at) out.push_back({reinterpret_cast<const void*>(at), c.begin() - at});
+    at = std::max(at, c.end());
+  }
+  if (at < range.end()) out.push_back({reinterpret_cast<const void*>(at), range.end() - at});
+  return out;
+}
+
+// What `record` writes whole (kWrite) through `block` within `range` at
 // capture positions for which `in_window` holds.
 template <typename Window>
-bool written_whole_by(const IndexedRecord& record, const BlockRef& block, MemorySpan range,
-                      Window in_window) {
-  auto it = record.by_writer.find(block.sequence);
-  if (it == record.by_writer.end()) return false;
+std::vector<MemorySpan> whole_writes(const IndexedRecord& record, const BlockRef& block,
+                                     MemorySpan range, Window in_window) {
   std::vector<MemorySpan> own;
+  auto it = record.by_writer.find(block.sequence);
+  if (it == record.by_writer.end()) return own;
   for (std::size_t i : it->second) {
     const RecordedWrite& w = record.record.writes[i];
     // Only a whole write sets the bytes: an update or state access reads
@@ -34,29 +65,24 @@ bool written_whole_by(const IndexedRecord& record, const BlockRef& block, Memory
       own.push_back(w.span);
     }
   }
-  std::sort(own.begin(), own.end(),
-            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
-  std::uintptr_t covered_to = range.begin();
-  for (const MemorySpan& s : own) {
-    if (s.begin() > covered_to) return false;
-    covered_to = std::max(covered_to, s.end());
-    if (covered_to >= range.end()) return true;
-  }
-  return covered_to >= range.end();
+  return own;
 }
 
-// True when the victim's own writes after `after` restore all of `range`:
-// the replay then ends with the victim's own data there.
-bool rewritten_by_victim(const IndexedRecord& record, const BlockRef& victim, MemorySpan range,
-                         std::size_t after) {
-  return written_whole_by(record, victim, range, [after](std::size_t p) { return p > after; });
+// The bytes of `range` (written through another block at `after`) that the
+// victim's own whole writes after `after` do not restore: what a replay
+// leaves clobbered.
+std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
+                                       MemorySpan range, std::size_t after) {
+  return subtract(range, whole_writes(record, victim, range,
+                                      [after](std::size_t p) { return p > after; }));
 }
 
-// True when the graph writes all of `range` through `block` before position
-// `before`: a read there reads the graph's own data of this replay.
-bool written_earlier(const IndexedRecord& record, const BlockRef& block, MemorySpan range,
-                     std::size_t before) {
-  return written_whole_by(record, block, range, [before](std::size_t p) { return p < before; });
+// The bytes of `range` (read through `block` at `before`) that the graph has
+// not written through that block earlier in the replay: read from outside.
+std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, const BlockRef& block,
+                                          MemorySpan range, std::size_t before) {
+  return subtract(range, whole_writes(record, block, range,
+                                      [before](std::size_t p) { return p < before; }));
 }
 
 // True when `spans` together cover all of `range`.
@@ -179,20 +205,22 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     bool uses_overlap = false;
     for (; i < accesses.size() && accesses[i].graph == graph; ++i) {
       const RecordedWrite& a = *accesses[i].access;
-      const MemorySpan piece = intersect(a.span, f.overlap);
-      if (piece.bytes == 0) continue;
-      uses_overlap = true;
-      if (graph == f.graph) {
-        return hazard(absl::StrFormat(
-            "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
-            label, access_mode_name(a.mode), a.op));
-      }
-      if (a.mode == AccessMode::kWrite) {
-        written_first.push_back(piece);
-      } else if (!covers(written_first, piece)) {
-        return hazard(absl::StrFormat(
-            "%s reads the victim before writing it (%s by %s at capture position %d)", label,
-            access_mode_name(a.mode), a.op, a.position));
+      for (const MemorySpan& range : f.ranges) {
+        const MemorySpan piece = intersect(a.span, range);
+        if (piece.bytes == 0) continue;
+        uses_overlap = true;
+        if (graph == f.graph) {
+          return hazard(absl::StrFormat(
+              "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
+              label, access_mode_name(a.mode), a.op));
+        }
+        if (a.mode == AccessMode::kWrite) {
+          written_first.push_back(piece);
+        } else if (!covers(written_first, piece)) {
+          return hazard(absl::StrFormat(
+              "%s reads the victim before writing it (%s by %s at capture position %d)", label,
+              access_mode_name(a.mode), a.op, a.position));
+        }
       }
     }
     if (uses_overlap) writers.emplace_back(label);
@@ -242,11 +270,43 @@ std::string fix_for(const Finding& f) {
       f.graph_label, name_of(f.writer), name_of(f.writer), f.graph_label);
 }
 
+namespace {
+
+// Starts or extends the finding of (r's graph, victim) with `ranges`, the
+// bytes one access harms.
+Finding& add_to_finding(Finding*& f, const IndexedRecord& r, const BlockRef& victim, Harm harm,
+                        const std::vector<MemorySpan>& ranges, std::vector<Finding>& out) {
+  if (f == nullptr) {
+    out.emplace_back();
+    f = &out.back();
+    f->graph = r.record.graph;
+    f->graph_label = r.record.label;
+    f->capture = r.record.capture;
+    f->harm = harm;
+    f->victim = victim;
+  }
+  f->ranges.insert(f->ranges.end(), ranges.begin(), ranges.end());
+  f->ranges = merged(std::move(f->ranges));
+  f->overlap = {f->ranges.front().ptr, f->ranges.back().end() - f->ranges.front().begin()};
+  ++f->clobbering_writes;
+  return *f;
+}
+
+void name_access(Finding& f, const RecordedWrite& a) {
+  f.evidence = a.evidence;
+  f.writer = a.writer;
+  f.write_position = a.position;
+  f.write_op = a.op;
+  f.write_mode = a.mode;
+}
+
+}  // namespace
+
 void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
                    const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
   // One finding per (graph, victim). Its writer is the last clobbering write
-  // in capture order (whose data a replay leaves behind); its overlap is the
-  // bounding range of all of them.
+  // in capture order (whose data a replay leaves behind); its ranges are the
+  // exact bytes left clobbered (footprint: the whole overlap, an upper bound).
   Finding* f = nullptr;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
@@ -254,38 +314,20 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     if (w.writer.sequence == victim.sequence && victim.sequence != 0) continue;
     const MemorySpan overlap = intersect(w.span, victim.span());
     if (overlap.bytes == 0) continue;
-    if (w.evidence != WriteEvidence::kFootprint &&
-        rewritten_by_victim(r, victim, overlap, w.position)) {
-      continue;
-    }
-    if (f == nullptr) {
-      out.emplace_back();
-      f = &out.back();
-      f->graph = r.record.graph;
-      f->graph_label = r.record.label;
-      f->capture = r.record.capture;
-      f->victim = victim;
-      f->overlap = overlap;
-    } else {
-      const std::uintptr_t begin = std::min(f->overlap.begin(), overlap.begin());
-      const std::uintptr_t end = std::max(f->overlap.end(), overlap.end());
-      f->overlap = {reinterpret_cast<const void*>(begin), end - begin};
-    }
-    ++f->clobbering_writes;
-    if (f->clobbering_writes == 1 || w.position >= f->write_position) {
-      f->evidence = w.evidence;
-      f->writer = w.writer;
-      f->write_position = w.position;
-      f->write_op = w.op;
-      f->write_mode = w.mode;
-    }
+    const std::vector<MemorySpan> left =
+        w.evidence == WriteEvidence::kFootprint ? std::vector<MemorySpan>{overlap}
+                                                : left_clobbered(r, victim, overlap, w.position);
+    if (left.empty()) continue;
+    Finding& g = add_to_finding(f, r, victim, Harm::kClobber, left, out);
+    if (g.clobbering_writes == 1 || w.position >= g.write_position) name_access(g, w);
+    g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint;
   }
 }
 
 void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
                       const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
   // One finding per (graph, victim), named after the first stale read in
-  // capture order; `overlap` bounds them all.
+  // capture order; its ranges are the bytes read from the victim.
   Finding* f = nullptr;
   for (std::size_t i : candidates) {
     const RecordedWrite& a = r.record.writes[i];
@@ -293,33 +335,15 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     if (a.writer.sequence == victim.sequence && victim.sequence != 0) continue;
     const MemorySpan overlap = intersect(a.span, victim.span());
     if (overlap.bytes == 0) continue;
-    // The graph's own data of this replay, written through that block
-    // before: not the victim's.
-    if (a.evidence != WriteEvidence::kFootprint && written_earlier(r, a.writer, overlap, a.position)) {
-      continue;
-    }
-    if (f == nullptr) {
-      out.emplace_back();
-      f = &out.back();
-      f->graph = r.record.graph;
-      f->graph_label = r.record.label;
-      f->capture = r.record.capture;
-      f->harm = Harm::kStaleRead;
-      f->victim = victim;
-      f->overlap = overlap;
-    } else {
-      const std::uintptr_t begin = std::min(f->overlap.begin(), overlap.begin());
-      const std::uintptr_t end = std::max(f->overlap.end(), overlap.end());
-      f->overlap = {reinterpret_cast<const void*>(begin), end - begin};
-    }
-    ++f->clobbering_writes;
-    if (f->clobbering_writes == 1 || a.position < f->write_position) {
-      f->evidence = a.evidence;
-      f->writer = a.writer;
-      f->write_position = a.position;
-      f->write_op = a.op;
-      f->write_mode = a.mode;
-    }
+    // Bytes the graph wrote through that block earlier in this replay are
+    // its own data, not the victim's.
+    const std::vector<MemorySpan> stale =
+        a.evidence == WriteEvidence::kFootprint ? std::vector<MemorySpan>{overlap}
+                                                : read_from_outside(r, a.writer, overlap, a.position);
+    if (stale.empty()) continue;
+    Finding& g = add_to_finding(f, r, victim, Harm::kStaleRead, stale, out);
+    if (g.clobbering_writes == 1 || a.position < g.write_position) name_access(g, a);
+    g.ranges_exact = g.ranges_exact && a.evidence != WriteEvidence::kFootprint;
   }
 }
 

@@ -106,7 +106,17 @@ void write_finding(JsonWriter& j, const Finding& f) {
   write_block(j, f.victim);
   j.key("overlap").begin_object();
   j.key("begin").pointer(f.overlap.ptr);
-  j.field("bytes", static_cast<std::uint64_t>(f.overlap.bytes));
+  j.key("end").pointer(reinterpret_cast<const void*>(f.overlap.end()));
+  j.field("bytes", static_cast<std::uint64_t>(f.harmed_bytes()));
+  j.field("exact", f.ranges_exact);
+  j.key("ranges").begin_array();
+  for (const MemorySpan& r : f.ranges) {
+    j.begin_object();
+    j.key("begin").pointer(r.ptr);
+    j.field("bytes", static_cast<std::uint64_t>(r.bytes));
+    j.end_object();
+  }
+  j.end_array();
   j.end_object();
   j.key("reuse_chain").begin_array();
   for (const ChainLink& link : f.reuse_chain) {
@@ -173,7 +183,17 @@ const char* access_mode_name(AccessMode mode) {
   return "?";
 }
 
+std::size_t Finding::harmed_bytes() const {
+  std::size_t total = 0;
+  for (const MemorySpan& r : ranges) total += r.bytes;
+  return total;
+}
+
 std::string Finding::summary() const {
+  const std::string harmed = absl::StrFormat(
+      "%s%s", detail::bytes(static_cast<std::uint64_t>(harmed_bytes())),
+      ranges.size() > 1 ? absl::StrFormat(" in %d ranges", ranges.size()) : std::string()) +
+      (ranges_exact ? "" : " (at most: footprint evidence)");
   std::string chain;
   for (const ChainLink& link : reuse_chain) {
     absl::StrAppend(&chain, chain.empty() ? "" : " -> ", "#", link.block.sequence, " '",
@@ -188,11 +208,11 @@ std::string Finding::summary() const {
   }
   if (harm == Harm::kStaleRead) {
     return absl::StrFormat(
-        "[%s] %s (capture %d) reads stale data from %s: each replay reads %s at %p through %s "
+        "[%s] %s (capture %d) reads stale data from %s: each replay reads %s from %p through %s "
         "(%s, %s at capture position %d, %s evidence%s), memory that block no longer holds. "
         "%s. Reuse chain: %s. Fix: %s.",
-        severity_name(severity), graph_label, capture, detail::describe_block(victim),
-        detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
+        severity_name(severity), graph_label, capture, detail::describe_block(victim), harmed,
+        overlap.ptr,
         detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
         evidence_name(evidence),
         clobbering_writes > 1 ? absl::StrFormat("; the first of %d such reads", clobbering_writes)
@@ -201,10 +221,10 @@ std::string Finding::summary() const {
         chain.empty() ? "-" : chain, fix);
   }
   return absl::StrFormat(
-      "[%s] %s (capture %d) clobbers %s: each replay writes %s at %p through %s (%s, %s at "
+      "[%s] %s (capture %d) clobbers %s: each replay writes %s from %p through %s (%s, %s at "
       "capture position %d, %s evidence%s). %s. Reuse chain: %s. Fix: %s.",
-      severity_name(severity), graph_label, capture, detail::describe_block(victim),
-      detail::bytes(static_cast<std::uint64_t>(overlap.bytes)), overlap.ptr,
+      severity_name(severity), graph_label, capture, detail::describe_block(victim), harmed,
+      overlap.ptr,
       detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
       evidence_name(evidence),
       clobbering_writes > 1 ? absl::StrFormat("; the last of %d such writes", clobbering_writes)

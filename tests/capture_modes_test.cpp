@@ -20,6 +20,7 @@ namespace {
 
 constexpr std::size_t N = 4096;  // floats: 16 KiB
 constexpr std::size_t kBytes = N * sizeof(float);
+constexpr float kCanary = 1234.5f;
 
 // x[i] += 1: reads x, then writes it (an in-place update).
 KernelLaunch add_one_kernel(float* x, std::size_t n) {
@@ -280,4 +281,69 @@ TEST_CASE("a graph reading its own data of the same replay is no stale read",
   CHECK(clobbers == 1);
   w.replay(g.graph);
   CHECK(all_equal(w.read(out, N), 6.0f));
+}
+
+// Issue 9, class 6: the harmed bytes as an exact set of ranges, not one
+// bounding range, and a victim that rewrites part of a clobbered range.
+TEST_CASE("two disjoint writes clobber exactly their two ranges", "[capture][modes][ranges]") {
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  constexpr std::size_t kQuarter = N / 4;  // 4 KiB
+  float* t = nullptr;
+  float* v = nullptr;
+  const CaptureResult g = w.capture(pool, "g", [&] {
+    t = w.tensor(N, w.side, "T");
+    w.launch(w.side, fill_kernel(t, kQuarter, 6.0f));
+    w.launch(w.side, fill_kernel(t + 3 * kQuarter, kQuarter, 6.0f));
+    w.free(t);
+    v = w.tensor(N, w.side, "V");
+  });
+  REQUIRE(v == t);
+  const Finding* f = finding(g.new_findings, "g", "V");
+  REQUIRE(f != nullptr);
+  CHECK(f->ranges_exact);
+  REQUIRE(f->ranges.size() == 2);
+  CHECK(f->ranges[0].ptr == v);
+  CHECK(f->ranges[0].bytes == kQuarter * sizeof(float));
+  CHECK(f->ranges[1].ptr == v + 3 * kQuarter);
+  CHECK(f->ranges[1].bytes == kQuarter * sizeof(float));
+  CHECK(f->harmed_bytes() == 2 * kQuarter * sizeof(float));
+  CHECK(f->overlap.bytes == kBytes);  // the bound, for the reuse chain
+  CHECK(f->clobbering_writes == 2);
+  const std::string json = findings_to_json({*f});
+  CHECK_THAT(json, Catch::Contains("\"bytes\":8192,\"exact\":true,\"ranges\":[{"));
+  // The replay changes exactly those bytes.
+  w.run_now(fill_kernel(v, N, kCanary));
+  w.replay(g.graph);
+  const std::vector<float> after = w.read(v, N);
+  for (std::size_t i = 0; i < N; ++i) {
+    const bool harmed = i < kQuarter || i >= 3 * kQuarter;
+    if (after[i] != (harmed ? 6.0f : kCanary)) FAIL("element " << i << " is " << after[i]);
+  }
+}
+
+TEST_CASE("a victim that rewrites half of a clobbered range leaves the other half clobbered",
+          "[capture][modes][ranges]") {
+  World w;
+  const PoolHandle pool = *w.alloc->create_graph_pool(0);
+  float* t = nullptr;
+  float* v = nullptr;
+  const CaptureResult g = w.capture(pool, "g", [&] {
+    t = w.tensor(N, w.side, "T");
+    w.launch(w.side, fill_kernel(t, N, 6.0f));
+    w.free(t);
+    v = w.tensor(N, w.side, "V");
+    w.launch(w.side, fill_kernel(v, N / 2, 7.0f));  // V's own write, first half only
+  });
+  REQUIRE(v == t);
+  const Finding* f = finding(g.new_findings, "g", "V");
+  REQUIRE(f != nullptr);
+  REQUIRE(f->ranges.size() == 1);
+  CHECK(f->ranges[0].ptr == v + N / 2);
+  CHECK(f->ranges[0].bytes == kBytes / 2);
+  w.run_now(fill_kernel(v, N, kCanary));
+  w.replay(g.graph);
+  const std::vector<float> after = w.read(v, N);
+  CHECK(after.front() == 7.0f);
+  CHECK(after.back() == 6.0f);  // T's data where V did not rewrite
 }

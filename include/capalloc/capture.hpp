@@ -121,6 +121,11 @@ struct Finding {
   AccessMode write_mode = AccessMode::kWrite;
   std::size_t clobbering_writes = 0;
   BlockRef victim;
+  // The harmed bytes: `ranges`, sorted and disjoint, exactly (for declared
+  // and inspected evidence) or as block-granular upper bounds
+  // (`ranges_exact` false: footprint evidence); `overlap` bounds them.
+  std::vector<MemorySpan> ranges;
+  bool ranges_exact = true;
   MemorySpan overlap;
   std::vector<ChainLink> reuse_chain;
   // Why this severity: which graph reads the victim before writing it, or
@@ -128,6 +133,8 @@ struct Finding {
   std::string severity_reason;
   std::string fix;
 
+  // The number of harmed bytes (the sum of `ranges`).
+  std::size_t harmed_bytes() const;
   // One paragraph for logs and the CLI.
   std::string summary() const;
 };
