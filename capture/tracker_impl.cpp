@@ -34,12 +34,21 @@ void CaptureTracker::Impl::count_writers(const WriteRecord& r, int delta) {
 }
 
 // Forgets freed blocks nothing can ask about any more: no record names
-// them and no capture in progress began before they were freed. Amortized:
+// them and no capture not yet recorded began before they were freed. The
+// history is then bounded by the blocks that live records name, plus those
+// freed since the oldest unrecorded capture began, plus twice that after the
+// last prune (the amortization). Amortized:
 // runs when the history has doubled since the last time. Requires mu.
 void CaptureTracker::Impl::maybe_prune_history() {
   if (history.size() < 2 * history_after_prune + 4096) return;
+  // Captures not yet recorded: those begun through the tracker, and those
+  // found through the allocator (native captures), ended or not, whose
+  // records the next check() builds from the frees they made.
   std::uint64_t oldest_active = ~std::uint64_t{0};
   for (const auto& [stream, capture] : active) {
+    oldest_active = std::min(oldest_active, capture.begin_tick);
+  }
+  for (const auto& [id, capture] : discovered) {
     oldest_active = std::min(oldest_active, capture.begin_tick);
   }
   history_after_prune = history.prune([&](const detail::Occupant& o) {

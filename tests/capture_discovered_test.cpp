@@ -87,3 +87,46 @@ TEST_CASE("the PyTorch entry points on a capturing stream: routed, recorded and 
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(stream) == CAPALLOC_OK);
 }
+
+// Issue 9, class 3a: several native captures checked once. The first makes
+// thousands of allocations, enough to prune the tracker's history while its
+// record is built; the second's frees must survive that prune, or its hazard
+// is lost.
+TEST_CASE("native captures checked once: a busy capture does not prune the next one's history",
+          "[capture][discovered][prune]") {
+  auto rt = capalloc::testing::host_runtime();
+  auto alloc = capalloc::testing::make_allocator(rt);
+  auto tracker = CaptureTracker::create(*alloc);
+  REQUIRE_OK(tracker);
+  const StreamHandle s = *rt->create_stream(0);
+  constexpr std::size_t kBytes = std::size_t{1} << 16;
+
+  REQUIRE_OK(rt->begin_capture(s, CaptureMode::kGlobal));
+  for (int i = 0; i < 6000; ++i) {
+    void* p = *alloc->allocate(512, 0, s, {.tag = "busy"});
+    REQUIRE_OK(alloc->deallocate(p));
+  }
+  auto busy = rt->end_capture(s);
+  REQUIRE_OK(busy);
+
+  auto id = rt->begin_capture(s, CaptureMode::kGlobal);
+  REQUIRE_OK(id);
+  void* t = *alloc->allocate(kBytes, 0, s, {.tag = "T"});
+  REQUIRE_OK(alloc->deallocate(t));
+  void* ws = *alloc->allocate(kBytes, 0, s, {.tag = "WS"});
+  REQUIRE(ws == t);
+  auto second = rt->end_capture(s);
+  REQUIRE_OK(second);
+
+  const std::vector<Finding> findings = (*tracker)->check();
+  int on_ws = 0;
+  for (const Finding& f : findings) {
+    if (f.victim.tag == "WS" && f.writer.tag == "T" && f.capture == *id) ++on_ws;
+  }
+  CHECK(on_ws == 1);
+
+  REQUIRE_OK(alloc->deallocate(ws));
+  REQUIRE_OK(rt->destroy_graph(*busy));
+  REQUIRE_OK(rt->destroy_graph(*second));
+  REQUIRE_OK(rt->destroy_stream(s));
+}
