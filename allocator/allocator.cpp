@@ -260,6 +260,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     }
   }
   if (!m.pending.empty() || !m.deferred.empty()) m.process_pending();
+  m.apply_gone_graphs();
   Pool& pool = ctx.capture != 0 ? *m.route_for(device, ctx.capture, stream)
                                 : *m.devices[device].default_pool;
   Block* block = pool.take(stream, rounded, bytes);
@@ -282,6 +283,7 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
   Impl& m = *impl_;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
   std::lock_guard lock(m.mu);
+  m.apply_gone_graphs();
   auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == m.live.end()) return m.diagnose_unknown(ptr, "deallocate");
   Block* block = it->second;
@@ -336,6 +338,7 @@ absl::Status Allocator::empty_cache(int device) {
     if (absl::Status s = m.check_device(device); !s.ok()) return s;
   }
   m.process_pending();
+  m.apply_gone_graphs();
   absl::Status result;
   for (int d = 0; d < static_cast<int>(m.devices.size()); ++d) {
     if (device == kAnyDevice || device == d) result.Update(m.release_free_segments(d));

@@ -52,6 +52,14 @@ struct CaptureRoute {
   bool announced = false;                // begin_allocate_to_pool, not discovered
 };
 
+// Captures whose graphs the runtime reported gone, from any thread
+// (DeviceRuntime::watch_capture_graph); applied under Allocator::Impl::mu.
+struct GoneGraphs {
+  std::mutex mu;
+  std::vector<CaptureId> captures;
+  std::atomic<bool> any{false};
+};
+
 struct DeviceState {
   std::unique_ptr<Pool> default_pool;
   absl::flat_hash_map<PoolHandle, std::unique_ptr<Pool>> graph_pools;
@@ -85,6 +93,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   PoolHandle next_pool = 1;
   std::uint64_t next_sequence = 1;
   CaptureListener* listener = nullptr;
+  // Discovered captures whose graph holds a reference to their pool, and
+  // the reports of those graphs' end (shared with the runtime's watchers,
+  // which may outlive the allocator).
+  absl::flat_hash_map<CaptureId, PoolHandle> watched_graphs;
+  std::shared_ptr<detail::GoneGraphs> gone_graphs = std::make_shared<detail::GoneGraphs>();
+  bool unwatchable_logged = false;
 
   ~Impl();
 
@@ -114,6 +128,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // own, or 0; ends routes of discovered captures that are over.
   CaptureId active_capture_on(int device);
   void drop_route(CaptureId capture);
+  // Releases the pool references of graphs reported gone. Requires mu.
+  void apply_gone_graphs();
   void maybe_destroy_pool(detail::Pool* pool);
   // Returns fully free segments of the pools that may give memory back (the
   // default pool, graph pools without references).

@@ -31,8 +31,8 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
   auto it = routes.find(capture);
   if (it != routes.end()) return it->second.pool;
   // A capture nobody announced (a host application capturing through the
-  // native API): a private pool, kept since nobody will say when its graph
-  // is destroyed.
+  // native API): a private pool, with a reference for the graph until the
+  // runtime says the graph is gone.
   const PoolHandle handle = next_pool++;
   auto pool = std::make_unique<Pool>(device, handle, policy, arena);
   Pool* raw = pool.get();
@@ -44,7 +44,56 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
   detail::log().info("capture {} on device {} was not announced; its allocations go to private "
                      "graph pool {}",
                      capture, device, handle);
+  // The runtime says when the capture's graph is gone (or that the capture
+  // failed): then the graph's reference goes (apply_gone_graphs). The
+  // watcher only queues; it may run inside the runtime, on any thread.
+  std::weak_ptr<detail::GoneGraphs> weak = gone_graphs;
+  const absl::Status watching = runtime->watch_capture_graph(stream, [weak, capture] {
+    if (auto gone = weak.lock()) {
+      std::lock_guard lock(gone->mu);
+      gone->captures.push_back(capture);
+      gone->any.store(true, std::memory_order_release);
+    }
+  });
+  if (watching.ok()) {
+    watched_graphs.emplace(capture, handle);
+  } else if (!unwatchable_logged) {
+    unwatchable_logged = true;
+    detail::log().info("graph pools of captures capalloc did not begin are kept for the life of "
+                       "the allocator: {}",
+                       watching.ToString());
+  }
   return raw;
+}
+
+void Allocator::Impl::apply_gone_graphs() {
+  if (!gone_graphs->any.load(std::memory_order_acquire)) return;
+  std::vector<CaptureId> captures;
+  {
+    std::lock_guard lock(gone_graphs->mu);
+    captures.swap(gone_graphs->captures);
+    gone_graphs->any.store(false, std::memory_order_relaxed);
+  }
+  for (CaptureId capture : captures) {
+    auto it = watched_graphs.find(capture);
+    if (it == watched_graphs.end()) continue;
+    const PoolHandle handle = it->second;
+    watched_graphs.erase(it);
+    // No graph means no capture: its route, if not yet seen to end, ends now.
+    if (auto route = routes.find(capture); route != routes.end() && !route->second.announced) {
+      drop_route(capture);
+    }
+    if (auto pool = find_graph_pool(handle); pool.ok() && (*pool)->refs > 0) {
+      --(*pool)->refs;
+      maybe_destroy_pool(*pool);
+    }
+    if (listener != nullptr) listener->on_capture_graph_gone(capture);
+  }
+}
+
+void Allocator::apply_graph_lifetimes() {
+  std::lock_guard lock(impl_->mu);
+  impl_->apply_gone_graphs();
 }
 
 CaptureId Allocator::Impl::active_capture_on(int device) {

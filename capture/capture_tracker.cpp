@@ -119,6 +119,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
 absl::StatusOr<std::vector<Finding>> CaptureTracker::check_graph(GraphHandle graph) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
+  m.allocator->apply_graph_lifetimes();
   m.drain_log();
   auto r = m.record_of(graph);
   if (!r.ok()) return r.status();
@@ -128,6 +129,7 @@ absl::StatusOr<std::vector<Finding>> CaptureTracker::check_graph(GraphHandle gra
 std::vector<Finding> CaptureTracker::check() {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
+  m.allocator->apply_graph_lifetimes();
   m.drain_log();
   m.finish_discovered();
   std::vector<Finding> all;

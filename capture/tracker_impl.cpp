@@ -62,12 +62,31 @@ void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
   log.push_back({event, tick});
 }
 
+void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
+  std::lock_guard lock(log_mu);
+  graphs_gone.push_back(capture);
+}
+
+void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
+  if (discovered.erase(capture) == 1) {
+    allocated_in.erase(capture);  // the capture failed, or its graph went before any check
+    return;
+  }
+  auto it = records.find(detail::kDiscoveredGraph | capture);
+  if (it == records.end()) return;
+  index.remove(*it->second);
+  count_writers(it->second->record, -1);
+  records.erase(it);
+}
+
 void CaptureTracker::Impl::drain_log() {
   // Two buffers trade places, so that neither is reallocated (and its
   // pages faulted in again) once both have grown to a capture's size.
+  std::vector<CaptureId> gone;
   {
     std::lock_guard lock(log_mu);
     draining.swap(log);
+    gone.swap(graphs_gone);
   }
   for (const detail::LoggedEvent& e : draining) {
     const BlockRef ref = BlockRef::from(e.event.block);
@@ -82,6 +101,9 @@ void CaptureTracker::Impl::drain_log() {
     }
   }
   draining.clear();
+  // After the events, so that a capture's allocations are known before its
+  // graph's end is.
+  for (CaptureId capture : gone) forget_discovered_graph(capture);
 }
 
 // Live blocks overlapping `spans`, noted in the history. Blocks the
@@ -269,8 +291,10 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
   for (CaptureId id : over) {
     const detail::ActiveCapture capture = discovered.at(id);
     discovered.erase(id);
-    // Nobody will say when its graph is gone: its pool stays (the allocator
-    // keeps a discovered capture's pool), and so does its record.
+    // Its record stays until the runtime reports the graph gone
+    // (on_capture_graph_gone; a capture that failed is reported as soon as
+    // the runtime drops its graph, on CUDA possibly a little later than the
+    // failed end). Where the runtime cannot watch graphs, it stays for good.
     allocator->end_allocate_to_pool(id).IgnoreError();
     const absl::StatusOr<std::vector<GraphWrite>> no_writes =
         absl::UnimplementedError("a discovered capture's writes are not listed");

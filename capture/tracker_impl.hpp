@@ -83,6 +83,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   std::mutex log_mu;
   std::vector<detail::LoggedEvent> log;       // guarded by log_mu
   std::vector<detail::LoggedEvent> draining;  // guarded by mu
+  std::vector<CaptureId> graphs_gone;         // guarded by log_mu
 
   mutable std::mutex mu;
   absl::flat_hash_map<StreamHandle, detail::ActiveCapture> active;  // by origin stream
@@ -100,6 +101,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
 
 
   void on_block_event(const BlockEvent& event) override;
+  void on_capture_graph_gone(CaptureId capture) override;
+  // A discovered capture's graph is gone: no record is built for it, or its
+  // record is dropped. Requires mu.
+  void forget_discovered_graph(CaptureId capture);
 
   // Everything below requires mu.
   void count_writers(const WriteRecord& r, int delta);

@@ -130,3 +130,64 @@ TEST_CASE("native captures checked once: a busy capture does not prune the next 
   REQUIRE_OK(rt->destroy_graph(*second));
   REQUIRE_OK(rt->destroy_stream(s));
 }
+
+// Issue 9, class 4, and graph lifetime on the PyTorch path: a native capture
+// that ends without a graph leaves no finding, and its pool goes back once its
+// blocks are freed; a native graph that is destroyed takes its record and
+// findings with it, and its pool goes back too.
+TEST_CASE("an invalidated native capture leaves no finding and its pool goes back",
+          "[capture][discovered][lifetime]") {
+  auto rt = capalloc::testing::host_runtime();
+  auto alloc = capalloc::testing::make_allocator(rt);
+  auto tracker = CaptureTracker::create(*alloc);
+  REQUIRE_OK(tracker);
+  const StreamHandle s = *rt->create_stream(0);
+  constexpr std::size_t kBytes = std::size_t{1} << 16;
+
+  REQUIRE_OK(rt->begin_capture(s, CaptureMode::kGlobal));
+  void* t = *alloc->allocate(kBytes, 0, s, {.tag = "T"});
+  REQUIRE_OK(alloc->deallocate(t));
+  void* ws = *alloc->allocate(kBytes, 0, s, {.tag = "WS"});
+  REQUIRE(ws == t);
+  const PoolHandle pool = alloc->block_info(ws)->pool;
+  CHECK(rt->synchronize_stream(s).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_FALSE(rt->end_capture(s).ok());  // no graph
+
+  CHECK((*tracker)->check().empty());
+  CHECK(alloc->pool_stats(pool).ok());  // WS still lives there
+  REQUIRE_OK(alloc->deallocate(ws));
+  CHECK(alloc->pool_stats(pool).status().code() == absl::StatusCode::kNotFound);
+  CHECK((*tracker)->check().empty());
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(s));
+}
+
+TEST_CASE("a destroyed native graph takes its record and findings with it",
+          "[capture][discovered][lifetime]") {
+  auto rt = capalloc::testing::host_runtime();
+  auto alloc = capalloc::testing::make_allocator(rt);
+  auto tracker = CaptureTracker::create(*alloc);
+  REQUIRE_OK(tracker);
+  const StreamHandle s = *rt->create_stream(0);
+  constexpr std::size_t kBytes = std::size_t{1} << 16;
+
+  auto id = rt->begin_capture(s, CaptureMode::kGlobal);
+  REQUIRE_OK(id);
+  void* t = *alloc->allocate(kBytes, 0, s, {.tag = "T"});
+  REQUIRE_OK(alloc->deallocate(t));
+  void* ws = *alloc->allocate(kBytes, 0, s, {.tag = "WS"});
+  const PoolHandle pool = alloc->block_info(ws)->pool;
+  auto graph = rt->end_capture(s);
+  REQUIRE_OK(graph);
+  REQUIRE((*tracker)->check().size() == 1);
+  const GraphHandle record_handle = detail::kDiscoveredGraph | *id;
+  CHECK((*tracker)->write_record(record_handle).ok());
+
+  REQUIRE_OK(rt->destroy_graph(*graph));
+  CHECK((*tracker)->check().empty());
+  CHECK((*tracker)->write_record(record_handle).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(alloc->deallocate(ws));
+  CHECK(alloc->pool_stats(pool).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(s));
+}

@@ -715,3 +715,60 @@ TEST_CASE("many threads use one runtime at once", "[host][threads]") {
   CHECK(runs == kThreads * kKernels);
   CHECK(rt->memory_info(0)->free_bytes == std::size_t{64} << 20);
 }
+
+// watch_capture_graph: the host runtime models CUDA's user objects retained
+// by a captured graph (issue 9: graph lifetime for captures capalloc did not
+// begin).
+TEST_CASE("a watched graph reports its end after destroy_graph and the last replay",
+          "[host][graphs][lifetime]") {
+  auto rt = make_runtime_or_fail();
+  const StreamHandle s = make_stream(*rt);
+  std::atomic<int> gone{0};
+  Gate gate;
+  CHECK_CODE(rt->watch_capture_graph(s, [&gone] { ++gone; }), Code::kFailedPrecondition);
+  REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+  REQUIRE(rt->watch_capture_graph(s, [&gone] { ++gone; }).ok());
+  REQUIRE(rt->launch_kernel(s, gate.kernel()).ok());
+  auto graph = rt->end_capture(s);
+  REQUIRE(graph.ok());
+  CHECK(gone == 0);
+  REQUIRE(rt->launch_graph(*graph, s).ok());  // held at the gate
+  REQUIRE(rt->destroy_graph(*graph).ok());
+  CHECK(gone == 0);  // the replay in flight still holds the graph
+  gate.open();
+  REQUIRE(rt->synchronize_stream(s).ok());
+  CHECK(gone == 1);
+}
+
+TEST_CASE("a watched capture that fails reports its graph gone at once",
+          "[host][graphs][lifetime]") {
+  auto rt = make_runtime_or_fail();
+  const StreamHandle s = make_stream(*rt);
+  std::atomic<int> gone{0};
+  REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+  REQUIRE(rt->watch_capture_graph(s, [&gone] { ++gone; }).ok());
+  CHECK_CODE(rt->synchronize_stream(s), Code::kFailedPrecondition);  // invalidates it
+  CHECK_CODE(rt->watch_capture_graph(s, [&gone] { ++gone; }), Code::kFailedPrecondition);
+  CHECK_CODE(rt->end_capture(s).status(), Code::kFailedPrecondition);
+  CHECK(gone == 1);
+}
+
+TEST_CASE("a graph launched into a capture lives as long as the graph that inlined it",
+          "[host][graphs][lifetime]") {
+  auto rt = make_runtime_or_fail();
+  const StreamHandle s = make_stream(*rt);
+  std::atomic<int> child_gone{0};
+  REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+  REQUIRE(rt->watch_capture_graph(s, [&child_gone] { ++child_gone; }).ok());
+  REQUIRE(rt->launch_kernel(s, body_kernel("k", [] {})).ok());
+  auto child = rt->end_capture(s);
+  REQUIRE(child.ok());
+  REQUIRE(rt->begin_capture(s, CaptureMode::kGlobal).ok());
+  REQUIRE(rt->launch_graph(*child, s).ok());
+  auto parent = rt->end_capture(s);
+  REQUIRE(parent.ok());
+  REQUIRE(rt->destroy_graph(*child).ok());
+  CHECK(child_gone == 0);
+  REQUIRE(rt->destroy_graph(*parent).ok());
+  CHECK(child_gone == 1);
+}

@@ -21,6 +21,7 @@
 #define CAPALLOC_GPU_RUNTIME_NAME "cuda"
 #define CAPALLOC_GPU_DISPLAY_NAME "CUDA"
 #define CAPALLOC_GPU_FACTORY make_cuda_runtime
+#define CAPALLOC_GPU_HAS_USER_OBJECTS 1
 
 // The class and its first half, then capture and graphs: in this order.
 #include "allocator/runtime/gpu_runtime.inc"

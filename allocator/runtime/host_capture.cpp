@@ -182,11 +182,34 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
           capture->id, absl::StrJoin(unjoined, ", "), stream, stream));
     }
 
+    // The graph's node list carries what keeps its watchers waiting; both go
+    // when the last holder (the graph, or a replay in flight) lets go.
     const GraphHandle graph = next_graph_;
-    graphs_.emplace(graph, std::make_shared<const GraphNodes>(std::move(capture->nodes)));
+    graphs_.emplace(graph, std::shared_ptr<const GraphNodes>(
+                               new GraphNodes(std::move(capture->nodes)),
+                               [keep = std::move(capture->keep_alive)](const GraphNodes* nodes) mutable {
+                                 delete nodes;
+                                 keep = GraphKeepAlive{};
+                               }));
     ++next_graph_;
     return graph;
   });
+}
+
+absl::Status HostRuntime::watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) {
+  if (!on_gone) return absl::InvalidArgumentError("watch_capture_graph: no function given");
+  {
+    std::lock_guard lock(mu_);
+    auto st = find_stream(stream, "watch_capture_graph");
+    if (!st.ok()) return st.status();
+    CaptureState* capture = (*st)->capture.get();
+    if (capture == nullptr || capture->status != CaptureStatus::kActive) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "watch_capture_graph: stream %d is not in an active capture", stream));
+    }
+    capture->keep_alive.tokens.push_back(std::make_shared<LifetimeToken>(std::move(on_gone)));
+  }
+  return absl::OkStatus();
 }
 
 bool HostRuntime::any_capture_active(int device) const {
@@ -248,6 +271,7 @@ absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
       if (capture->status != CaptureStatus::kActive) return invalidated_error(*capture, stream);
       capture->nodes.insert(capture->nodes.end(), nodes->begin(), nodes->end());
       capture->members[stream].own_nodes += nodes->size();
+      capture->keep_alive.children.push_back(std::move(nodes));
       return absl::OkStatus();
     }
     (*st)->worker.enqueue(StreamWorker::Operation{

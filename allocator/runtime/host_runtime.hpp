@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -92,6 +93,26 @@ struct CaptureMember {
   CaptureFrontier depends_on;  // what its next node comes after
 };
 
+// Calls its function when destroyed: what watch_capture_graph attaches to a
+// capture, handed to its graph, and released with the graph's node list
+// (after the last replay in flight).
+struct LifetimeToken {
+  std::function<void()> on_gone;
+  explicit LifetimeToken(std::function<void()> f) : on_gone(std::move(f)) {}
+  LifetimeToken(const LifetimeToken&) = delete;
+  LifetimeToken& operator=(const LifetimeToken&) = delete;
+  ~LifetimeToken() {
+    if (on_gone) on_gone();
+  }
+};
+
+// What a graph holds besides its nodes: the tokens watching it, and the
+// graphs launched into its capture (inlined, so it keeps theirs alive too).
+struct GraphKeepAlive {
+  std::vector<std::shared_ptr<LifetimeToken>> tokens;
+  std::vector<std::shared_ptr<const GraphNodes>> children;
+};
+
 struct CaptureState {
   CaptureId id = 0;
   CaptureMode mode = CaptureMode::kGlobal;
@@ -101,6 +122,7 @@ struct CaptureState {
   std::string invalidated_by;  // the call that invalidated it
   std::string invalidation_reason;
   GraphNodes nodes;  // capture order; position of a node = its index
+  GraphKeepAlive keep_alive;  // handed to the graph, or released if none is made
   absl::flat_hash_map<StreamHandle, CaptureMember> members;  // origin included
 };
 
@@ -168,6 +190,7 @@ class HostRuntime final : public DeviceRuntime {
   absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) override;
   bool any_capture_active(int device) const override;
   absl::Status launch_graph(GraphHandle graph, StreamHandle stream) override;
+  absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) override;
   absl::Status destroy_graph(GraphHandle graph) override;
   absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) override;
 

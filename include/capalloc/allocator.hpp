@@ -140,6 +140,10 @@ class CaptureListener {
  public:
   virtual ~CaptureListener() = default;
   virtual void on_block_event(const BlockEvent& event) = 0;
+  // The graph of a capture the allocator found by itself (not announced with
+  // begin_allocate_to_pool) is gone: the capture failed, or the graph and its
+  // executable graphs were destroyed (DeviceRuntime::watch_capture_graph).
+  virtual void on_capture_graph_gone(CaptureId capture) { (void)capture; }
 };
 
 class CAPALLOC_API Allocator {
@@ -204,6 +208,14 @@ class CAPALLOC_API Allocator {
   // The listener must outlive its registration. kAlreadyExists if another
   // listener is registered (one CaptureTracker per allocator).
   absl::Status set_capture_listener(CaptureListener* listener);
+  // Applies the graph destructions the runtime has reported since the last
+  // call, for captures this allocator found by itself: each such capture's
+  // pool gives up the reference its graph held (the pool goes back to the
+  // device once its blocks are freed), and the listener is told. allocate,
+  // deallocate and empty_cache do this too; a CaptureTracker calls it before
+  // each check. Where the runtime cannot watch graphs (HIP 5.2), such pools
+  // are kept for the life of the allocator.
+  void apply_graph_lifetimes();
 
   // --- Inspection ---------------------------------------------------------------
   // Sums over the device's default and graph pools.

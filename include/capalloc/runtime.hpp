@@ -204,6 +204,21 @@ class CAPALLOC_API DeviceRuntime {
   // The accesses the graph's replays make (writes, and the reads it knows
   // of), as far as this runtime can tell.
   virtual absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) = 0;
+
+  // Calls `on_gone` once, from any thread, when the graph being captured on
+  // `stream` is gone: the capture failed (no graph was made), or the graph
+  // and every executable graph made from it were destroyed. This is how
+  // capalloc learns the lifetime of graphs it did not capture (PyTorch's).
+  // `on_gone` must only note the fact: it may run inside the runtime (CUDA's
+  // user-object destructor, the host runtime's lock), where no runtime or
+  // capalloc call may be made. Errors: kFailedPrecondition when `stream` is
+  // not in an active capture; kUnimplemented where the runtime cannot tell
+  // (HIP 5.2 has no user objects).
+  virtual absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) {
+    (void)stream;
+    (void)on_gone;
+    return absl::UnimplementedError("watch_capture_graph: this runtime cannot tell when a graph is gone");
+  }
 };
 
 // Options of the host runtime.
