@@ -49,40 +49,63 @@ std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover
   return out;
 }
 
-// What `record` writes whole (kWrite) through `block` within `range` at
-// capture positions for which `in_window` holds.
-template <typename Window>
-std::vector<MemorySpan> whole_writes(const IndexedRecord& record, const BlockRef& block,
-                                     MemorySpan range, Window in_window) {
-  std::vector<MemorySpan> own;
-  auto it = record.by_writer.find(block.sequence);
-  if (it == record.by_writer.end()) return own;
-  for (std::size_t i : it->second) {
-    const RecordedWrite& w = record.record.writes[i];
-    // Only a whole write sets the bytes: an update or state access reads
-    // them first and carries what was there on.
-    if (w.mode == AccessMode::kWrite && in_window(w.position) && w.span.overlaps(range)) {
-      own.push_back(w.span);
-    }
+// `a` and `b` intersected, as sorted ranges (both sorted and disjoint).
+std::vector<MemorySpan> intersect_all(const std::vector<MemorySpan>& a, MemorySpan b) {
+  std::vector<MemorySpan> out;
+  for (const MemorySpan& s : a) {
+    const MemorySpan piece = intersect(s, b);
+    if (piece.bytes != 0) out.push_back(piece);
   }
-  return own;
+  return out;
 }
 
-// The bytes of `range` (written through another block at `after`) that the
-// victim's own whole writes after `after` do not restore: what a replay
-// leaves clobbered.
+// The bytes of `range`, written through another block at capture position
+// `after`, that the replay leaves harmed: those the victim's own whole
+// writes after `after` do not restore, and those any access through the
+// victim reads while they still hold the clobber (at one position a read
+// comes before a write). Walks the victim's accesses in replay order.
 std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
                                        MemorySpan range, std::size_t after) {
-  return subtract(range, whole_writes(record, victim, range,
-                                      [after](std::size_t p) { return p > after; }));
+  std::vector<const RecordedWrite*> later;
+  if (auto it = record.by_writer.find(victim.sequence); it != record.by_writer.end()) {
+    for (std::size_t i : it->second) {
+      const RecordedWrite& a = record.record.writes[i];
+      if (a.position > after && a.span.overlaps(range)) later.push_back(&a);
+    }
+  }
+  std::sort(later.begin(), later.end(), [](const RecordedWrite* a, const RecordedWrite* b) {
+    return std::tuple(a->position, a->mode == AccessMode::kWrite) <
+           std::tuple(b->position, b->mode == AccessMode::kWrite);
+  });
+  std::vector<MemorySpan> clobbered{range};  // still holding the clobber
+  std::vector<MemorySpan> seen;              // read while clobbered: harmed for good
+  for (const RecordedWrite* a : later) {
+    if (clobbered.empty()) break;
+    if (a->mode == AccessMode::kWrite) {
+      std::vector<MemorySpan> rest;
+      for (const MemorySpan& c : clobbered) {
+        for (const MemorySpan& r : subtract(c, {a->span})) rest.push_back(r);
+      }
+      clobbered = std::move(rest);
+    } else {
+      for (const MemorySpan& r : intersect_all(clobbered, a->span)) seen.push_back(r);
+    }
+  }
+  clobbered.insert(clobbered.end(), seen.begin(), seen.end());
+  return merged(std::move(clobbered));
 }
 
-// The bytes of `range` (read through `block` at `before`) that the graph has
-// not written through that block earlier in the replay: read from outside.
-std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, const BlockRef& block,
-                                          MemorySpan range, std::size_t before) {
-  return subtract(range, whole_writes(record, block, range,
-                                      [before](std::size_t p) { return p < before; }));
+// The bytes of `range`, read through some block at capture position
+// `before`, that the graph has not written (through any block) earlier in
+// the same replay: those come from outside the replay.
+std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpan range,
+                                          std::size_t before) {
+  std::vector<MemorySpan> earlier;
+  for (std::size_t i : record.writes_overlapping(range)) {
+    const RecordedWrite& w = record.record.writes[i];
+    if (w.mode == AccessMode::kWrite && w.position < before) earlier.push_back(w.span);
+  }
+  return subtract(range, std::move(earlier));
 }
 
 // True when `spans` together cover all of `range`.
@@ -198,6 +221,7 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     return key(a) < key(b);
   });
   std::vector<std::string> writers;
+  std::vector<MemorySpan> used;  // harmed bytes some graph uses (and writes first)
   for (std::size_t i = 0; i < accesses.size();) {
     const GraphHandle graph = accesses[i].graph;
     const std::string_view label = accesses[i].label;
@@ -209,6 +233,7 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
         const MemorySpan piece = intersect(a.span, range);
         if (piece.bytes == 0) continue;
         uses_overlap = true;
+        used.push_back(piece);
         if (graph == f.graph) {
           return hazard(absl::StrFormat(
               "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
@@ -226,14 +251,24 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     if (uses_overlap) writers.emplace_back(label);
   }
   f.severity = Severity::kCrossGraphOutput;
-  f.severity_reason =
-      writers.empty()
-          ? std::string("no graph uses the clobbered bytes, and graphs write the rest of the "
-                        "victim: its unused part")
-          : absl::StrFormat("every graph that uses the clobbered bytes (%s) writes them whole "
-                            "before reading them: an output or scratch, rewritten at each of "
-                            "their replays",
-                            absl::StrJoin(writers, ", "));
+  std::size_t used_bytes = 0;
+  for (const MemorySpan& u : merged(std::move(used))) used_bytes += u.bytes;
+  const std::size_t unused_bytes = f.harmed_bytes() - used_bytes;
+  const std::string unused =
+      unused_bytes == 0
+          ? std::string()
+          : absl::StrFormat("%d clobbered byte(s) no graph uses: the unused part of a block "
+                            "graphs write (an eager reader of them would see the clobber)",
+                            unused_bytes);
+  if (writers.empty()) {
+    f.severity_reason = unused;
+  } else {
+    f.severity_reason = absl::StrFormat(
+        "every graph that uses the clobbered bytes (%s) writes them whole before reading them: "
+        "an output or scratch, rewritten at each of their replays%s",
+        absl::StrJoin(writers, ", "),
+        unused.empty() ? std::string() : absl::StrCat("; ", unused));
+  }
 }
 
 std::string fix_for(const Finding& f) {
@@ -335,11 +370,11 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     if (a.writer.sequence == victim.sequence && victim.sequence != 0) continue;
     const MemorySpan overlap = intersect(a.span, victim.span());
     if (overlap.bytes == 0) continue;
-    // Bytes the graph wrote through that block earlier in this replay are
+    // Bytes the graph wrote earlier in this replay, through any block, are
     // its own data, not the victim's.
     const std::vector<MemorySpan> stale =
         a.evidence == WriteEvidence::kFootprint ? std::vector<MemorySpan>{overlap}
-                                                : read_from_outside(r, a.writer, overlap, a.position);
+                                                : read_from_outside(r, overlap, a.position);
     if (stale.empty()) continue;
     Finding& g = add_to_finding(f, r, victim, Harm::kStaleRead, stale, out);
     if (g.clobbering_writes == 1 || a.position < g.write_position) name_access(g, a);

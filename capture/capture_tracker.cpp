@@ -170,11 +170,7 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
         absl::StrFormat("destroy_graph: graph %d is unknown to this tracker", graph));
   }
   if (absl::Status s = m.allocator->runtime().destroy_graph(graph); !s.ok()) return s;
-  m.index.remove(*it->second);
-  m.count_writers(it->second->record, -1);
-  const PoolHandle pool = it->second->record.pool;
-  m.records.erase(it);
-  return m.allocator->release_graph_pool(pool);
+  return m.allocator->release_graph_pool(m.drop_record(graph));
 }
 
 absl::StatusOr<WriteRecord> CaptureTracker::write_record(GraphHandle graph) const {

@@ -72,11 +72,27 @@ void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
     allocated_in.erase(capture);  // the capture failed, or its graph went before any check
     return;
   }
-  auto it = records.find(detail::kDiscoveredGraph | capture);
-  if (it == records.end()) return;
+  if (records.contains(detail::kDiscoveredGraph | capture)) {
+    drop_record(detail::kDiscoveredGraph | capture);
+  }
+}
+
+PoolHandle CaptureTracker::Impl::drop_record(GraphHandle graph) {
+  auto it = records.find(graph);
   index.remove(*it->second);
   count_writers(it->second->record, -1);
+  const PoolHandle pool = it->second->record.pool;
   records.erase(it);
+  // A later graph may get the same handle (CUDA's are pointers): it starts
+  // with nothing reported.
+  for (auto r = reported.begin(); r != reported.end();) {
+    if (r->first.graph == graph) {
+      reported.erase(r++);
+    } else {
+      ++r;
+    }
+  }
+  return pool;
 }
 
 void CaptureTracker::Impl::drain_log() {
@@ -185,7 +201,10 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
 std::vector<Finding> CaptureTracker::Impl::only_new(std::vector<Finding> findings) {
   std::vector<Finding> fresh;
   for (Finding& f : findings) {
-    if (reported.insert({f.graph, f.victim.sequence, f.harm, f.severity}).second) {
+    auto [it, inserted] = reported.try_emplace({f.graph, f.victim.sequence, f.harm}, f.severity);
+    // Severity's values run from most to least severe.
+    if (inserted || f.severity < it->second) {
+      it->second = f.severity;
       fresh.push_back(std::move(f));
     }
   }
@@ -230,10 +249,11 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   count_writers(r.record, +1);
   records.emplace(graph, std::move(indexed));
 
-  // (a) this graph against every live block it writes; (b) every other
-  // graph against the live blocks this capture allocated and left live, and
-  // against the live blocks this graph uses through their own identity (its
-  // reads can raise the severity of a clobber another graph makes there).
+  // (a) this graph against every live block it writes or reads; (b) every
+  // other graph (its clobbers and stale reads) against the live blocks this
+  // capture allocated and left live, and against the live blocks this graph
+  // uses through their own identity (its reads can raise the severity of a
+  // clobber another graph makes there).
   std::vector<Finding> findings = check_record(r);
   std::vector<MemorySpan> victim_spans;
   for (std::uint64_t sequence : allocated) {
@@ -257,6 +277,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
       std::sort(candidates.begin(), candidates.end());
       const std::size_t before = findings.size();
       detail::find_clobbers(*records.at(g), victim, candidates, findings);
+      detail::find_stale_reads(*records.at(g), victim, candidates, findings);
       for (std::size_t i = before; i < findings.size(); ++i) complete_finding(findings[i]);
     }
   }

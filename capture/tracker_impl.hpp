@@ -54,17 +54,15 @@ struct LoggedEvent {
   std::uint64_t tick;
 };
 
-// A finding as reported once: a later graph can raise its severity (it
-// reads the victim first), and the raised finding is reported again.
+// A finding's identity for reporting: one per (graph, victim, harm).
 struct FindingKey {
   GraphHandle graph;
   std::uint64_t victim;
   Harm harm;
-  Severity severity;
   bool operator==(const FindingKey&) const = default;
   template <typename H>
   friend H AbslHashValue(H h, const FindingKey& k) {
-    return H::combine(std::move(h), k.graph, k.victim, k.harm, k.severity);
+    return H::combine(std::move(h), k.graph, k.victim, k.harm);
   }
 };
 
@@ -93,7 +91,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   detail::BlockHistory history;
   absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
   detail::WriteIndex index;
-  absl::flat_hash_set<detail::FindingKey> reported;
+  // The most severe severity each finding was reported at: a finding is
+  // reported again only when a later graph raises it (reads the victim
+  // first). Entries go with their graph.
+  absl::flat_hash_map<detail::FindingKey, Severity> reported;
   // Blocks that records name as writers, with how many writes name them:
   // the history keeps them (for reuse chains) while their graphs exist.
   absl::flat_hash_map<std::uint64_t, int> writer_refs;
@@ -105,6 +106,9 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // A discovered capture's graph is gone: no record is built for it, or its
   // record is dropped. Requires mu.
   void forget_discovered_graph(CaptureId capture);
+  // Removes a graph's record, index entries and reported findings; returns
+  // the record's pool. Requires mu; the graph must have a record.
+  PoolHandle drop_record(GraphHandle graph);
 
   // Everything below requires mu.
   void count_writers(const WriteRecord& r, int delta);
