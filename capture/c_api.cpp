@@ -229,6 +229,14 @@ capalloc_status capalloc_check(const char** findings_json) {
   });
 }
 
+capalloc_status capalloc_waive(uint64_t graph, const void* victim, const char* tag,
+                               const char* reason) {
+  if (reason == nullptr) return null_argument("capalloc_waive", "reason");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    return g.tracker->waive(graph, victim, tag == nullptr ? "" : tag, reason);
+  });
+}
+
 capalloc_status capalloc_snapshot(const char** json) {
   if (json == nullptr) return null_argument("capalloc_snapshot", "json");
   return with_global([&](const capalloc::detail::GlobalCapalloc& g) {

@@ -145,7 +145,9 @@ absl::Status CaptureTracker::replay(GraphHandle graph, StreamHandle stream) {
   if (!findings.ok()) return findings.status();
   std::string hazards;
   for (const Finding& f : *findings) {
-    if (f.severity == Severity::kHazard) absl::StrAppend(&hazards, "\n  ", f.summary());
+    if (f.severity == Severity::kHazard && !f.waived) {
+      absl::StrAppend(&hazards, "\n  ", f.summary());
+    }
   }
   if (!hazards.empty() && strict()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -171,6 +173,36 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
   }
   if (absl::Status s = m.allocator->runtime().destroy_graph(graph); !s.ok()) return s;
   return m.allocator->release_graph_pool(m.drop_record(graph));
+}
+
+absl::Status CaptureTracker::waive(GraphHandle graph, const void* victim, std::string_view tag,
+                                   std::string_view reason) {
+  Impl& m = *impl_;
+  if (reason.empty()) {
+    return absl::InvalidArgumentError("waive: give the reason the finding is benign");
+  }
+  if (victim == nullptr && tag.empty()) {
+    return absl::InvalidArgumentError("waive: name the victim by a pointer into it or by its tag");
+  }
+  std::lock_guard lock(m.mu);
+  if (!m.records.contains(graph)) {
+    return absl::NotFoundError(
+        absl::StrFormat("waive: graph %d is unknown to this tracker (not captured through it, "
+                        "not yet checked, or destroyed)",
+                        graph));
+  }
+  Impl::Waiver w{.victim = 0, .tag = std::string(tag), .reason = std::string(reason)};
+  if (victim != nullptr) {
+    auto info = m.allocator->block_info(victim);
+    if (!info.ok()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "waive: %p is in no live block: %s", victim, std::string(info.status().message())));
+    }
+    w.victim = info->sequence;
+    w.tag.clear();
+  }
+  m.waivers[graph].push_back(std::move(w));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<WriteRecord> CaptureTracker::write_record(GraphHandle graph) const {

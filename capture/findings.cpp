@@ -130,6 +130,14 @@ void write_finding(JsonWriter& j, const Finding& f) {
   }
   j.end_array();
   j.field("severity_reason", f.severity_reason);
+  j.key("waived");
+  if (f.waived) {
+    j.begin_object();
+    j.field("reason", f.waiver_reason);
+    j.end_object();
+  } else {
+    j.null();
+  }
   j.field("fix", f.fix);
   j.end_object();
 }

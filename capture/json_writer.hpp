@@ -47,6 +47,7 @@ class JsonWriter {
   }
   JsonWriter& value(int v) { return value(static_cast<std::int64_t>(v)); }
   JsonWriter& value(double v);
+  JsonWriter& null() { return raw("null"); }
   JsonWriter& pointer(const void* p);  // "0x..." string
   JsonWriter& raw(std::string_view json) {
     separate();

@@ -77,7 +77,23 @@ void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
   }
 }
 
+void CaptureTracker::Impl::apply_waivers(std::vector<Finding>& findings) const {
+  if (waivers.empty()) return;
+  for (Finding& f : findings) {
+    auto it = waivers.find(f.graph);
+    if (it == waivers.end()) continue;
+    for (const Waiver& w : it->second) {
+      if (w.victim != 0 ? w.victim == f.victim.sequence : w.tag == f.victim.tag) {
+        f.waived = true;
+        f.waiver_reason = w.reason;
+        break;
+      }
+    }
+  }
+}
+
 PoolHandle CaptureTracker::Impl::drop_record(GraphHandle graph) {
+  waivers.erase(graph);
   auto it = records.find(graph);
   index.remove(*it->second);
   count_writers(it->second->record, -1);
@@ -194,6 +210,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
   }
   for (Finding& f : out) complete_finding(f);
   detail::sort_findings(out);
+  apply_waivers(out);
   return out;
 }
 
@@ -282,6 +299,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
     }
   }
   detail::sort_findings(findings);
+  apply_waivers(findings);
   std::vector<Finding> fresh = only_new(std::move(findings));
   maybe_prune_history();
   if (detail::log().should_log(spdlog::level::warn)) {

@@ -91,6 +91,16 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   detail::BlockHistory history;
   absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
   detail::WriteIndex index;
+  // Waivers by graph: a victim block (sequence) or a tag, and the reason.
+  struct Waiver {
+    std::uint64_t victim = 0;  // 0: by tag
+    std::string tag;
+    std::string reason;
+  };
+  absl::flat_hash_map<GraphHandle, std::vector<Waiver>> waivers;
+  // Marks the findings a waiver covers. Requires mu.
+  void apply_waivers(std::vector<Finding>& findings) const;
+
   // The most severe severity each finding was reported at: a finding is
   // reported again only when a later graph raises it (reads the victim
   // first). Entries go with their graph.

@@ -150,6 +150,16 @@ TEST_CASE("C ABI: capture, findings as JSON, strict replay and persistent buffer
   REQUIRE(capalloc_set_strict(1) == CAPALLOC_OK);
   CHECK(capalloc_graph_replay(graph, nullptr) == CAPALLOC_ERROR_FAILED_PRECONDITION);
   CHECK(std::string(capalloc_last_error()).find("refused") != std::string::npos);
+  // A waiver: bad ones are errors; a good one lets strict mode replay.
+  CHECK(capalloc_waive(graph, ws, nullptr, nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_waive(graph, nullptr, nullptr, "why") == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_waive(graph + 12345, ws, nullptr, "why") == CAPALLOC_ERROR_NOT_FOUND);
+  REQUIRE(capalloc_waive(graph, nullptr, "WS", "WS is rewritten before use") == CAPALLOC_OK);
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  CHECK(std::string(json).find("\"waived\":{\"reason\":\"WS is rewritten before use\"}") !=
+        std::string::npos);
+  REQUIRE(capalloc_graph_replay(graph, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_synchronize(nullptr) == CAPALLOC_OK);
   REQUIRE(capalloc_set_strict(0) == CAPALLOC_OK);
   REQUIRE(capalloc_graph_replay(graph, nullptr) == CAPALLOC_OK);
   REQUIRE(capalloc_stream_synchronize(nullptr) == CAPALLOC_OK);

@@ -114,6 +114,14 @@ CAPALLOC_API capalloc_status capalloc_graph_replay(uint64_t graph, void* stream)
 CAPALLOC_API capalloc_status capalloc_graph_destroy(uint64_t graph);
 /* Every graph against the live blocks now. */
 CAPALLOC_API capalloc_status capalloc_check(const char** findings_json);
+/* Marks the findings of `graph` on a victim as judged benign, with `reason`
+ * (required): strict mode then replays the graph despite them, and the
+ * findings' JSON carries "waived": {"reason": ...}. The victim is `victim`
+ * (a pointer into a live block) or, with victim NULL, every block tagged
+ * `tag`. Errors change nothing: NOT_FOUND (unknown graph, pointer into no
+ * live block), INVALID_ARGUMENT (no reason, neither victim nor tag). */
+CAPALLOC_API capalloc_status capalloc_waive(uint64_t graph, const void* victim, const char* tag,
+                                            const char* reason);
 CAPALLOC_API capalloc_status capalloc_set_strict(int strict);
 /* The allocator's and the tracker's state as JSON (docs/snapshot.md), in the
  * same thread-local string as findings. */

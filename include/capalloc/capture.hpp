@@ -131,6 +131,11 @@ struct Finding {
   // Why this severity: which graph reads the victim before writing it, or
   // that every graph using it writes it first (an output or scratch).
   std::string severity_reason;
+  // Set when the user judged this finding benign (CaptureTracker::waive):
+  // still reported, listed apart, and never a reason for strict mode to
+  // refuse a replay.
+  bool waived = false;
+  std::string waiver_reason;
   std::string fix;
 
   // The number of harmed bytes (the sum of `ranges`).
@@ -188,6 +193,17 @@ class CAPALLOC_API CaptureTracker {
   // it. Hazards are logged (default) or refuse the replay (strict mode).
   absl::Status replay(GraphHandle graph, StreamHandle stream);
   absl::Status destroy_graph(GraphHandle graph);
+
+  // Marks the findings of `graph` on a victim as judged benign, with the
+  // reason: strict mode then replays the graph despite them, and they are
+  // listed apart (Finding::waived). The victim is named by a pointer into a
+  // live block (the waiver holds for that block) or, with `victim` null, by
+  // `tag` (every block with that tag, now and later). Errors, changing
+  // nothing: kNotFound for a graph this tracker does not hold or a pointer
+  // into no live block; kInvalidArgument for an empty reason, or neither a
+  // pointer nor a tag. A waiver goes with its graph (destroy_graph).
+  absl::Status waive(GraphHandle graph, const void* victim, std::string_view tag,
+                     std::string_view reason);
 
   // Findings of one graph, or of every graph, against the live blocks now.
   absl::StatusOr<std::vector<Finding>> check_graph(GraphHandle graph);

@@ -24,7 +24,7 @@ import os
 
 __all__ = [
     "CapallocError", "Finding", "load", "install", "check", "preallocate", "get",
-    "snapshot", "set_strict", "library_path",
+    "snapshot", "set_strict", "waive", "library_path",
 ]
 
 _OK = 0
@@ -114,6 +114,8 @@ def load(path=None):
                                          ctypes.POINTER(ctypes.c_void_p)]
     lib.capalloc_get.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
     lib.capalloc_set_strict.argtypes = [ctypes.c_int]
+    lib.capalloc_waive.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p,
+                                   ctypes.c_char_p]
     _lib, _lib_path = lib, resolved
     return lib
 
@@ -171,3 +173,19 @@ def snapshot():
 def set_strict(strict=True):
     """Strict mode: replays through capalloc of graphs with hazards are refused."""
     _call("capalloc_set_strict", 1 if strict else 0)
+
+
+def waive(graph, victim, reason):
+    """Marks the findings of `graph` (a finding's `graph` field) on `victim`
+    as judged benign: strict mode then replays the graph despite them, and
+    check() still lists them, with f.waived == {"reason": reason}. `victim`
+    is an address inside a live block (an int, e.g. tensor.data_ptr()) or a
+    tag (a str: every block with that tag)."""
+    if not isinstance(reason, str) or not reason:
+        raise ValueError("waive: reason must be a non-empty str")
+    if isinstance(victim, str):
+        _call("capalloc_waive", graph, None, victim.encode(), reason.encode())
+    elif isinstance(victim, int):
+        _call("capalloc_waive", graph, victim, None, reason.encode())
+    else:
+        raise TypeError("waive: victim must be an address (int) or a tag (str)")

@@ -46,6 +46,15 @@ class PythonModuleTest(unittest.TestCase):
         self.assertIn("graphs", state)
         self.assertIn("findings", state)
 
+    def test_waive_checks_its_arguments_before_c(self):
+        with self.assertRaises(ValueError):
+            capalloc.waive(1, "WS", "")
+        with self.assertRaises(TypeError):
+            capalloc.waive(1, 1.5, "benign")
+        with self.assertRaises(capalloc.CapallocError) as unknown:
+            capalloc.waive(987654321, "WS", "benign")
+        self.assertEqual(unknown.exception.status, 3)
+
     def test_finding_reads_its_fields(self):
         f = capalloc.Finding({
             "severity": "hazard", "graph_label": "g", "capture": 1, "evidence": "footprint",
