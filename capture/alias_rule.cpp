@@ -195,6 +195,17 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     f.severity = Severity::kHazard;
     f.severity_reason = std::move(reason);
   };
+  // A record of footprint evidence says which blocks the capture allocated,
+  // not what the graph writes: whether any harm happens is not known. The
+  // rules below would name a severity the evidence cannot back.
+  if (f.evidence == WriteEvidence::kFootprint) {
+    f.severity = Severity::kPossible;
+    f.severity_reason =
+        "footprint evidence only: capalloc saw this capture's allocations and frees, not what its "
+        "graph writes, so every block allocated in it counts as written; whether the replay "
+        "harms the victim is not known (inspected or declared evidence would tell)";
+    return;
+  }
   if (f.harm == Harm::kStaleRead) {
     return hazard(absl::StrFormat(
         "a stale read: each replay computes from %s's data instead of the graph's own input",

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "capture/global.hpp"
 #include "allocator/runtime/log.hpp"
 #include "capalloc/allocator.hpp"
@@ -248,7 +249,14 @@ capalloc_status capalloc_snapshot(const char** json) {
 
 capalloc_status capalloc_set_strict(int strict) {
   return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    if (strict < 0 || strict > 2) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "capalloc_set_strict(%d): 0 (off), 1 (refuse hazards) or 2 (refuse hazards and "
+          "possible findings)",
+          strict));
+    }
     g.tracker->set_strict(strict != 0);
+    g.tracker->set_strict_possible(strict == 2);
     return absl::OkStatus();
   });
 }

@@ -26,11 +26,13 @@ absl::StatusOr<TrackerOptions> TrackerOptions::from_env() {
   TrackerOptions options;
   if (const char* value = std::getenv("CAPALLOC_STRICT"); value != nullptr && *value) {
     const std::string v(value);
-    if (v != "0" && v != "1") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CAPALLOC_STRICT='", v, "' must be 0 or 1"));
+    if (v != "0" && v != "1" && v != "possible") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CAPALLOC_STRICT='", v, "' must be 0 (off), 1 (refuse hazards) or possible (refuse "
+          "hazards and possible findings)"));
     }
-    options.strict = v == "1";
+    options.strict = v != "0";
+    options.strict_possible = v == "possible";
   }
   return options;
 }
@@ -40,6 +42,7 @@ absl::StatusOr<std::unique_ptr<CaptureTracker>> CaptureTracker::create(Allocator
   auto impl = std::make_unique<Impl>();
   impl->allocator = &allocator;
   impl->strict = options.strict;
+  impl->strict_possible = options.strict_possible;
   if (absl::Status s = allocator.set_capture_listener(impl.get()); !s.ok()) return s;
   return std::unique_ptr<CaptureTracker>(new CaptureTracker(std::move(impl)));
 }
@@ -58,6 +61,10 @@ CaptureTracker::~CaptureTracker() {
 Allocator& CaptureTracker::allocator() const { return *impl_->allocator; }
 bool CaptureTracker::strict() const { return impl_->strict.load(); }
 void CaptureTracker::set_strict(bool strict) { impl_->strict = strict; }
+bool CaptureTracker::strict_possible() const { return impl_->strict_possible.load(); }
+void CaptureTracker::set_strict_possible(bool strict_possible) {
+  impl_->strict_possible = strict_possible;
+}
 
 absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle stream,
                                                         CaptureOptions options) {
@@ -144,10 +151,11 @@ absl::Status CaptureTracker::replay(GraphHandle graph, StreamHandle stream) {
   auto findings = check_graph(graph);
   if (!findings.ok()) return findings.status();
   std::string hazards;
+  const bool refuse_possible = impl_->strict_possible.load();
   for (const Finding& f : *findings) {
-    if (f.severity == Severity::kHazard && !f.waived) {
-      absl::StrAppend(&hazards, "\n  ", f.summary());
-    }
+    const bool refusable = f.severity == Severity::kHazard ||
+                           (refuse_possible && f.severity == Severity::kPossible);
+    if (refusable && !f.waived) absl::StrAppend(&hazards, "\n  ", f.summary());
   }
   if (!hazards.empty() && strict()) {
     return absl::FailedPreconditionError(absl::StrCat(

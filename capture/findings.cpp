@@ -158,7 +158,15 @@ BlockRef BlockRef::from(const BlockInfo& info) {
 }
 
 const char* severity_name(Severity severity) {
-  return severity == Severity::kHazard ? "hazard" : "cross_graph_output";
+  switch (severity) {
+    case Severity::kHazard:
+      return "hazard";
+    case Severity::kPossible:
+      return "possible";
+    case Severity::kCrossGraphOutput:
+      return "cross_graph_output";
+  }
+  return "?";
 }
 
 const char* evidence_name(WriteEvidence evidence) {

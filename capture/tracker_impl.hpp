@@ -76,6 +76,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
 
   Allocator* allocator = nullptr;
   std::atomic<bool> strict{false};
+  std::atomic<bool> strict_possible{false};
   std::atomic<std::uint64_t> ticks{0};
 
   std::mutex log_mu;

@@ -147,6 +147,7 @@ TEST_CASE("C ABI: capture, findings as JSON, strict replay and persistent buffer
   REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
   CHECK(std::string(json).find("\"tag\":\"WS\"") != std::string::npos);
 
+  CHECK(capalloc_set_strict(3) == CAPALLOC_ERROR_INVALID_ARGUMENT);
   REQUIRE(capalloc_set_strict(1) == CAPALLOC_OK);
   CHECK(capalloc_graph_replay(graph, nullptr) == CAPALLOC_ERROR_FAILED_PRECONDITION);
   CHECK(std::string(capalloc_last_error()).find("refused") != std::string::npos);

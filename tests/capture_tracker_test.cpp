@@ -391,10 +391,38 @@ TEST_CASE("without a list of graph writes the tracker falls back to footprint ev
   const auto ws = matching(a.result.new_findings, "A.g", "WS", "T");
   REQUIRE(ws.size() == 1);
   CHECK(ws[0].evidence == WriteEvidence::kFootprint);
-  CHECK(ws[0].severity == Severity::kHazard);
+  // Footprint evidence cannot say what the graph writes: `possible`, and
+  // ranges marked as upper bounds.
+  CHECK(ws[0].severity == Severity::kPossible);
+  CHECK_THAT(ws[0].severity_reason, Catch::Contains("footprint evidence only"));
+  CHECK_FALSE(ws[0].ranges_exact);
   CHECK(ws[0].writer.sequence == a.t_seq);
   CHECK(a.result.new_findings.size() == 1);
   CHECK(w.tracker->check().size() == 1);
+}
+
+// Issue 9: `possible` findings make strict mode refuse only when asked
+// (CAPALLOC_STRICT=possible, set_strict_possible).
+TEST_CASE("strict mode refuses a footprint finding only when asked to refuse possible ones",
+          "[capture][footprint][strict]") {
+  auto runtime = std::make_shared<NoGraphWritesRuntime>(host_runtime());
+  World w(runtime);
+  const ArmA a = arm_a(w);
+  REQUIRE(w.tracker->check().size() == 1);
+  w.tracker->set_strict(true);
+  REQUIRE_OK(w.tracker->replay(a.result.graph, kDefaultStream));  // possible: replayed
+  REQUIRE_OK(w.rt->synchronize_stream(kDefaultStream));
+  w.tracker->set_strict_possible(true);
+  CHECK(w.tracker->replay(a.result.graph, kDefaultStream).code() ==
+        absl::StatusCode::kFailedPrecondition);
+  ::setenv("CAPALLOC_STRICT", "possible", 1);
+  auto options = TrackerOptions::from_env();
+  REQUIRE_OK(options);
+  CHECK(options->strict);
+  CHECK(options->strict_possible);
+  ::setenv("CAPALLOC_STRICT", "sometimes", 1);
+  CHECK(TrackerOptions::from_env().status().code() == absl::StatusCode::kInvalidArgument);
+  ::unsetenv("CAPALLOC_STRICT");
 }
 
 TEST_CASE("a graph that rewrites its own output at a reused address is not flagged",

@@ -122,6 +122,9 @@ CAPALLOC_API capalloc_status capalloc_check(const char** findings_json);
  * live block), INVALID_ARGUMENT (no reason, neither victim nor tag). */
 CAPALLOC_API capalloc_status capalloc_waive(uint64_t graph, const void* victim, const char* tag,
                                             const char* reason);
+/* Strict mode: 0 off (findings are logged), 1 replays through capalloc of
+ * graphs with hazards are refused, 2 also those with `possible` findings.
+ * Other values: INVALID_ARGUMENT. */
 CAPALLOC_API capalloc_status capalloc_set_strict(int strict);
 /* The allocator's and the tracker's state as JSON (docs/snapshot.md), in the
  * same thread-local string as findings. */

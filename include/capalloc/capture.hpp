@@ -46,8 +46,12 @@ namespace capalloc {
 // it (modes kRead, kReadWrite, kState). When every graph that uses the
 // clobbered bytes writes them whole first (an output of another graph, or
 // scratch), it is kCrossGraphOutput: vLLM's normal pattern, reported lower
-// and replayed in strict mode.
-enum class Severity { kHazard, kCrossGraphOutput };
+// and replayed in strict mode. kPossible: the harm depends on what the
+// evidence does not say (a footprint record: capalloc saw only malloc and
+// free, not what the graph writes); strict mode refuses it only when asked
+// (CAPALLOC_STRICT=possible, set_strict_possible). Values run from most to
+// least severe.
+enum class Severity { kHazard, kPossible, kCrossGraphOutput };
 
 // What a graph's replay does to the victim.
 enum class Harm {
@@ -155,7 +159,10 @@ struct TrackerOptions {
   // Refuse replays of graphs with hazard findings (kFailedPrecondition)
   // instead of logging a warning.
   bool strict = false;
-  // Reads CAPALLOC_STRICT (0|1).
+  // With strict, also refuse replays of graphs with `possible` findings.
+  bool strict_possible = false;
+  // Reads CAPALLOC_STRICT: 0 (off), 1 (refuse hazards) or possible (refuse
+  // hazards and possible findings).
   static absl::StatusOr<TrackerOptions> from_env();
 };
 
@@ -220,6 +227,9 @@ class CAPALLOC_API CaptureTracker {
   Allocator& allocator() const;
   bool strict() const;
   void set_strict(bool strict);
+  // Whether strict mode also refuses `possible` findings.
+  bool strict_possible() const;
+  void set_strict_possible(bool strict_possible);
 
  private:
   struct Impl;

@@ -170,9 +170,11 @@ def snapshot():
     return json.loads(out.value.decode())
 
 
-def set_strict(strict=True):
-    """Strict mode: replays through capalloc of graphs with hazards are refused."""
-    _call("capalloc_set_strict", 1 if strict else 0)
+def set_strict(strict=True, possible=False):
+    """Strict mode: replays through capalloc of graphs with hazards are
+    refused; with possible=True also those with `possible` findings (the
+    footprint evidence of plain CUDAPluggableAllocator)."""
+    _call("capalloc_set_strict", (2 if possible else 1) if strict else 0)
 
 
 def waive(graph, victim, reason):
