@@ -33,17 +33,6 @@ KernelLaunch add_one_kernel(float* x, std::size_t n) {
   return k;
 }
 
-// dst[i] = src[i]: reads src.
-KernelLaunch copy_kernel(float* dst, const float* src, std::size_t n) {
-  KernelLaunch k;
-  k.name = "copy";
-  k.reads = {{src, n * sizeof(float)}};
-  k.writes = {{dst, n * sizeof(float)}};
-  k.host_body = [dst, src, n] {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-  };
-  return k;
-}
 
 // The producer: T = src * 2 in a shared pool, T freed in the capture, so
 // the next capture's block lands on T's address and producer's replays
@@ -62,13 +51,6 @@ Producer capture_producer(World& w, PoolHandle pool, float* src) {
   return p;
 }
 
-const Finding* finding(const std::vector<Finding>& findings, std::string_view graph,
-                       std::string_view victim) {
-  for (const Finding& f : findings) {
-    if (f.graph_label == graph && f.victim.tag == victim) return &f;
-  }
-  return nullptr;
-}
 
 }  // namespace
 
@@ -85,7 +67,7 @@ TEST_CASE("a block its graph updates in place is a hazard when another graph clo
     w.launch(w.side, add_one_kernel(acc, N));
   });
   REQUIRE(acc == p.t);
-  const Finding* f = finding(c.new_findings, "producer", "ACC");
+  const Finding* f = find_finding(c.new_findings, "producer", "ACC");
   REQUIRE(f != nullptr);
   CHECK(f->severity == Severity::kHazard);
   CHECK(f->write_mode == AccessMode::kWrite);
@@ -115,7 +97,7 @@ TEST_CASE("one graph reading another graph's output makes the clobber of it a ha
   REQUIRE(out == p.t);
   // With only its writer using OUT, the producer's clobber is the lower
   // severity (another graph's output, rewritten at each of its replays).
-  const Finding* before = finding(writer.new_findings, "producer", "OUT");
+  const Finding* before = find_finding(writer.new_findings, "producer", "OUT");
   REQUIRE(before != nullptr);
   CHECK(before->severity == Severity::kCrossGraphOutput);
   CHECK_THAT(before->severity_reason, Catch::Contains("(writer) writes them whole"));
@@ -127,7 +109,7 @@ TEST_CASE("one graph reading another graph's output makes the clobber of it a ha
   const CaptureResult reader = w.capture(kDefaultPool, "reader", [&] {
     w.launch(w.side, copy_kernel(copy, out, N));
   });
-  const Finding* after = finding(reader.new_findings, "producer", "OUT");
+  const Finding* after = find_finding(reader.new_findings, "producer", "OUT");
   REQUIRE(after != nullptr);
   CHECK(after->severity == Severity::kHazard);
   CHECK_THAT(after->severity_reason, Catch::Contains("reader reads the victim before writing it"));
@@ -165,7 +147,7 @@ TEST_CASE("a graph's own update of a clobbered block does not restore it", "[cap
     w.launch(w.side, add_one_kernel(x, N));
   });
   REQUIRE(x == t);
-  const Finding* f = finding(g.new_findings, "g", "X");
+  const Finding* f = find_finding(g.new_findings, "g", "X");
   REQUIRE(f != nullptr);
   CHECK(f->severity == Severity::kHazard);
   CHECK_THAT(f->severity_reason, Catch::Contains("g itself uses the victim"));
@@ -299,7 +281,7 @@ TEST_CASE("two disjoint writes clobber exactly their two ranges", "[capture][mod
     v = w.tensor(N, w.side, "V");
   });
   REQUIRE(v == t);
-  const Finding* f = finding(g.new_findings, "g", "V");
+  const Finding* f = find_finding(g.new_findings, "g", "V");
   REQUIRE(f != nullptr);
   CHECK(f->ranges_exact);
   REQUIRE(f->ranges.size() == 2);
@@ -336,7 +318,7 @@ TEST_CASE("a victim that rewrites half of a clobbered range leaves the other hal
     w.launch(w.side, fill_kernel(v, N / 2, 7.0f));  // V's own write, first half only
   });
   REQUIRE(v == t);
-  const Finding* f = finding(g.new_findings, "g", "V");
+  const Finding* f = find_finding(g.new_findings, "g", "V");
   REQUIRE(f != nullptr);
   REQUIRE(f->ranges.size() == 1);
   CHECK(f->ranges[0].ptr == v + N / 2);

@@ -23,24 +23,7 @@ constexpr std::size_t N = 4096;  // floats: 16 KiB
 constexpr std::size_t kBytes = N * sizeof(float);
 constexpr float kCanary = 1234.5f;
 
-KernelLaunch copy_kernel(float* dst, const float* src, std::size_t n) {
-  KernelLaunch k;
-  k.name = "copy";
-  k.reads = {{src, n * sizeof(float)}};
-  k.writes = {{dst, n * sizeof(float)}};
-  k.host_body = [dst, src, n] {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
-  };
-  return k;
-}
 
-const Finding* find(const std::vector<Finding>& findings, std::string_view graph,
-                    std::string_view victim, Harm harm = Harm::kClobber) {
-  for (const Finding& f : findings) {
-    if (f.graph_label == graph && f.victim.tag == victim && f.harm == harm) return &f;
-  }
-  return nullptr;
-}
 
 // T written and freed, V allocated on T's address; then `use_v` (reads V,
 // then rewrites it whole, in some form). The program fills V and replays.
@@ -68,7 +51,7 @@ TEST_CASE("a victim read between the clobber and its own rewrite is harmed",
     w.launch(w.side, copy_kernel(out, vv, N));    // reads V: the program's input
     w.launch(w.side, fill_kernel(vv, N, 7.0f));   // then rewrites V whole
   });
-  const Finding* f = find(g.new_findings, "g", "V");
+  const Finding* f = find_finding(g.new_findings, "g", "V");
   REQUIRE(f != nullptr);
   CHECK(f->severity == Severity::kHazard);
   CHECK(f->harmed_bytes() == kBytes);
@@ -85,7 +68,7 @@ TEST_CASE("the same through a memcpy source and a memset", "[capture][order]") {
     REQUIRE_OK(w.rt->memcpy_async(out, vv, kBytes, w.side));
     REQUIRE_OK(w.rt->memset_async(vv, 0, kBytes, w.side));
   });
-  CHECK(find(g.new_findings, "g", "V") != nullptr);
+  CHECK(find_finding(g.new_findings, "g", "V") != nullptr);
   w.run_now(fill_kernel(v, N, kCanary));
   w.replay(g.graph);
   CHECK(all_equal(w.read(out, N), 6.0f));
@@ -105,7 +88,7 @@ TEST_CASE("one kernel declaring a span as read and as written reads it first",
     };
     w.launch(w.side, std::move(k));
   });
-  CHECK(find(g.new_findings, "g", "V") != nullptr);
+  CHECK(find_finding(g.new_findings, "g", "V") != nullptr);
   w.run_now(fill_kernel(v, N, 100.0f));
   w.replay(g.graph);
   CHECK(all_equal(w.read(v, N), 7.0f));  // 6 + 1, not 101
@@ -137,8 +120,8 @@ TEST_CASE("reading bytes the graph wrote through another block earlier is no sta
   REQUIRE(v == t1);
   auto found = w.tracker->check_graph(g.graph);
   REQUIRE_OK(found);
-  CHECK(find(*found, "g", "V", Harm::kStaleRead) == nullptr);
-  CHECK(find(*found, "g", "V", Harm::kClobber) != nullptr);
+  CHECK(find_finding(*found, "g", "V", Harm::kStaleRead) == nullptr);
+  CHECK(find_finding(*found, "g", "V", Harm::kClobber) != nullptr);
   // The replay reads its own T1 data: strict mode lets it run (the clobber
   // of V is another graph's output, rewritten at each of its replays).
   w.tracker->set_strict(true);
@@ -168,7 +151,7 @@ TEST_CASE("a stale read of a block a later capture leaves live is reported at th
     w.launch(w.side, fill_kernel(v, N, 5.0f));
   });
   REQUIRE(v == x);
-  const Finding* stale = find(g2.new_findings, "g1", "V", Harm::kStaleRead);
+  const Finding* stale = find_finding(g2.new_findings, "g1", "V", Harm::kStaleRead);
   REQUIRE(stale != nullptr);
   CHECK(stale->severity == Severity::kHazard);
   w.replay(g2.graph);
@@ -189,22 +172,22 @@ TEST_CASE("a finding is reported again when its severity rises, not when it fall
   float* v = nullptr;
   const CaptureResult g2 = w.capture(pool, "g2", [&] { v = w.tensor(N, w.side, "V"); });
   REQUIRE(v == t);
-  const Finding* first = find(g2.new_findings, "g1", "V");
+  const Finding* first = find_finding(g2.new_findings, "g1", "V");
   REQUIRE(first != nullptr);
   CHECK(first->severity == Severity::kHazard);  // no graph writes V
   // g3 writes V whole: the clobber falls to the lower severity; not news.
   const CaptureResult g3 = w.capture(kDefaultPool, "g3", [&] {
     w.launch(w.side, fill_kernel(v, N, 5.0f));
   });
-  CHECK(find(g3.new_findings, "g1", "V") == nullptr);
+  CHECK(find_finding(g3.new_findings, "g1", "V") == nullptr);
   const std::vector<Finding> now = w.tracker->check();
-  REQUIRE(find(now, "g1", "V") != nullptr);
-  CHECK(find(now, "g1", "V")->severity == Severity::kCrossGraphOutput);
+  REQUIRE(find_finding(now, "g1", "V") != nullptr);
+  CHECK(find_finding(now, "g1", "V")->severity == Severity::kCrossGraphOutput);
   // g4 reads V first: back to a hazard, already reported as one.
   float* out = w.tensor(N, kDefaultStream, "OUT");
   const CaptureResult g4 = w.capture(kDefaultPool, "g4", [&] {
     w.launch(w.side, copy_kernel(out, v, N));
   });
-  CHECK(find(g4.new_findings, "g1", "V") == nullptr);
-  CHECK(find(w.tracker->check(), "g1", "V")->severity == Severity::kHazard);
+  CHECK(find_finding(g4.new_findings, "g1", "V") == nullptr);
+  CHECK(find_finding(w.tracker->check(), "g1", "V")->severity == Severity::kHazard);
 }

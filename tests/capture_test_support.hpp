@@ -95,6 +95,29 @@ struct World {
   std::vector<StreamHandle> streams;
 };
 
+// dst[i] = src[i], declaring src read and dst written: a host-only test
+// kernel for verdicts that hinge on reads.
+inline KernelLaunch copy_kernel(float* dst, const float* src, std::size_t n) {
+  KernelLaunch k;
+  k.name = "copy";
+  k.reads = {{src, n * sizeof(float)}};
+  k.writes = {{dst, n * sizeof(float)}};
+  k.host_body = [dst, src, n] {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+  };
+  return k;
+}
+
+// The finding of graph `graph` (its label) on the block tagged `victim` with
+// `harm`, or null.
+inline const Finding* find_finding(const std::vector<Finding>& findings, std::string_view graph,
+                                   std::string_view victim, Harm harm = Harm::kClobber) {
+  for (const Finding& f : findings) {
+    if (f.graph_label == graph && f.victim.tag == victim && f.harm == harm) return &f;
+  }
+  return nullptr;
+}
+
 inline bool all_equal(const std::vector<float>& v, float value) {
   return std::all_of(v.begin(), v.end(), [&](float x) { return x == value; });
 }
