@@ -7,57 +7,11 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "capture/byte_ranges.hpp"
 
 namespace capalloc::detail {
 
 namespace {
-
-MemorySpan intersect(MemorySpan a, MemorySpan b) {
-  const std::uintptr_t begin = std::max(a.begin(), b.begin());
-  const std::uintptr_t end = std::min(a.end(), b.end());
-  return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
-}
-
-// `spans` sorted by start and merged where they touch or overlap.
-std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
-  std::sort(spans.begin(), spans.end(),
-            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
-  std::vector<MemorySpan> out;
-  for (const MemorySpan& s : spans) {
-    if (s.bytes == 0) continue;
-    if (!out.empty() && s.begin() <= out.back().end()) {
-      const std::uintptr_t end = std::max(out.back().end(), s.end());
-      out.back().bytes = end - out.back().begin();
-    } else {
-      out.push_back(s);
-    }
-  }
-  return out;
-}
-
-// The bytes of `range` that none of `cover` holds, as sorted ranges.
-std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
-  std::vector<MemorySpan> out;
-  std::uintptr_t at = range.begin();
-  for (const MemorySpan& c : merged(std::move(cover))) {
-    if (c.end() <= at) continue;
-    if (c.begin() >= range.end()) break;
-    if (c.begin() > at) out.push_back({reinterpret_cast<const void*>(at), c.begin() - at});
-    at = std::max(at, c.end());
-  }
-  if (at < range.end()) out.push_back({reinterpret_cast<const void*>(at), range.end() - at});
-  return out;
-}
-
-// `a` and `b` intersected, as sorted ranges (both sorted and disjoint).
-std::vector<MemorySpan> intersect_all(const std::vector<MemorySpan>& a, MemorySpan b) {
-  std::vector<MemorySpan> out;
-  for (const MemorySpan& s : a) {
-    const MemorySpan piece = intersect(s, b);
-    if (piece.bytes != 0) out.push_back(piece);
-  }
-  return out;
-}
 
 // The bytes of `range`, written through another block at capture position
 // `after`, that the replay leaves harmed: those the victim's own whole
@@ -106,18 +60,6 @@ std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpa
     if (w.mode == AccessMode::kWrite && w.position < before) earlier.push_back(w.span);
   }
   return subtract(range, std::move(earlier));
-}
-
-// True when `spans` together cover all of `range`.
-bool covers(std::vector<MemorySpan> spans, MemorySpan range) {
-  std::sort(spans.begin(), spans.end(),
-            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
-  std::uintptr_t covered_to = range.begin();
-  for (const MemorySpan& s : spans) {
-    if (s.begin() > covered_to) break;
-    covered_to = std::max(covered_to, s.end());
-  }
-  return covered_to >= range.end();
 }
 
 std::string name_of(const BlockRef& b) {

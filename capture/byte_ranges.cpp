@@ -1,0 +1,58 @@
+// capture/byte_ranges.cpp: see byte_ranges.hpp.
+#include "capture/byte_ranges.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+namespace capalloc::detail {
+
+MemorySpan intersect(MemorySpan a, MemorySpan b) {
+  const std::uintptr_t begin = std::max(a.begin(), b.begin());
+  const std::uintptr_t end = std::min(a.end(), b.end());
+  return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
+}
+
+std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
+  std::sort(spans.begin(), spans.end(),
+            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+  std::vector<MemorySpan> out;
+  for (const MemorySpan& s : spans) {
+    if (s.bytes == 0) continue;
+    if (!out.empty() && s.begin() <= out.back().end()) {
+      const std::uintptr_t end = std::max(out.back().end(), s.end());
+      out.back().bytes = end - out.back().begin();
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
+  std::vector<MemorySpan> out;
+  std::uintptr_t at = range.begin();
+  for (const MemorySpan& c : merged(std::move(cover))) {
+    if (c.end() <= at) continue;
+    if (c.begin() >= range.end()) break;
+    if (c.begin() > at) out.push_back({reinterpret_cast<const void*>(at), c.begin() - at});
+    at = std::max(at, c.end());
+  }
+  if (at < range.end()) out.push_back({reinterpret_cast<const void*>(at), range.end() - at});
+  return out;
+}
+
+std::vector<MemorySpan> intersect_all(const std::vector<MemorySpan>& set, MemorySpan range) {
+  std::vector<MemorySpan> out;
+  for (const MemorySpan& s : set) {
+    const MemorySpan piece = intersect(s, range);
+    if (piece.bytes != 0) out.push_back(piece);
+  }
+  return out;
+}
+
+bool covers(std::vector<MemorySpan> spans, MemorySpan range) {
+  return range.bytes == 0 || subtract(range, std::move(spans)).empty();
+}
+
+}  // namespace capalloc::detail
