@@ -13,53 +13,75 @@ namespace capalloc::detail {
 
 namespace {
 
-// The bytes of `range`, written through another block at capture position
-// `after`, that the replay leaves harmed: those the victim's own whole
-// writes after `after` do not restore, and those any access through the
-// victim reads while they still hold the clobber (at one position a read
-// comes before a write). Walks the victim's accesses in replay order.
-std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
-                                       MemorySpan range, std::size_t after) {
-  std::vector<const RecordedWrite*> later;
+// The victim's accesses in `record` that overlap `range`.
+std::vector<const RecordedWrite*> victim_accesses(const IndexedRecord& record,
+                                                  const BlockRef& victim, MemorySpan range) {
+  std::vector<const RecordedWrite*> out;
   if (auto it = record.by_writer.find(victim.sequence); it != record.by_writer.end()) {
     for (std::size_t i : it->second) {
       const RecordedWrite& a = record.record.writes[i];
-      if (a.position > after && a.span.overlaps(range)) later.push_back(&a);
+      if (a.span.overlaps(range)) out.push_back(&a);
     }
   }
-  std::sort(later.begin(), later.end(), [](const RecordedWrite* a, const RecordedWrite* b) {
-    return std::tuple(a->position, a->mode == AccessMode::kWrite) <
-           std::tuple(b->position, b->mode == AccessMode::kWrite);
-  });
-  std::vector<MemorySpan> clobbered{range};  // still holding the clobber
-  std::vector<MemorySpan> seen;              // read while clobbered: harmed for good
-  for (const RecordedWrite* a : later) {
-    if (clobbered.empty()) break;
-    if (a->mode == AccessMode::kWrite) {
-      std::vector<MemorySpan> rest;
-      for (const MemorySpan& c : clobbered) {
-        for (const MemorySpan& r : subtract(c, {a->span})) rest.push_back(r);
-      }
-      clobbered = std::move(rest);
-    } else {
-      for (const MemorySpan& r : intersect_all(clobbered, a->span)) seen.push_back(r);
-    }
-  }
-  clobbered.insert(clobbered.end(), seen.begin(), seen.end());
-  return merged(std::move(clobbered));
+  return out;
 }
 
-// The bytes of `range`, read through some block at capture position
-// `before`, that the graph has not written (through any block) earlier in
-// the same replay: those come from outside the replay.
+// The bytes of `range`, written through another block by node `clobber`,
+// that some replay order the graph's edges allow leaves harmed: those that
+// the victim's own whole writes ordered after the clobber do not restore,
+// and those an access through the victim may read while they still hold the
+// clobber (any read not ordered before the clobber, unless a whole write
+// through the victim lies between them on a path of edges). At one node a
+// read comes before a write.
+std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
+                                       MemorySpan range, std::size_t clobber) {
+  const GraphOrder& order = record.order;
+  const std::vector<const RecordedWrite*> own = victim_accesses(record, victim, range);
+  std::vector<MemorySpan> restored;
+  for (const RecordedWrite* a : own) {
+    if (a->mode == AccessMode::kWrite && order.before(clobber, a->position)) {
+      restored.push_back(a->span);
+    }
+  }
+  std::vector<MemorySpan> harmed = subtract(range, restored);
+  for (const RecordedWrite* a : own) {
+    if (a->mode == AccessMode::kWrite || a->position == clobber ||
+        order.before(a->position, clobber)) {
+      continue;
+    }
+    std::vector<MemorySpan> between;
+    for (const RecordedWrite* w : own) {
+      if (w->mode == AccessMode::kWrite && order.before(clobber, w->position) &&
+          order.before(w->position, a->position)) {
+        between.push_back(w->span);
+      }
+    }
+    for (const MemorySpan& r : subtract(intersect(range, a->span), std::move(between))) {
+      harmed.push_back(r);
+    }
+  }
+  return merged(std::move(harmed));
+}
+
+// The bytes of `range`, read through some block by node `reader`, that no
+// whole write (through any block) ordered before the read provides in every
+// replay: those come from outside the replay.
 std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpan range,
-                                          std::size_t before) {
+                                          std::size_t reader) {
   std::vector<MemorySpan> earlier;
   for (std::size_t i : record.writes_overlapping(range)) {
     const RecordedWrite& w = record.record.writes[i];
-    if (w.mode == AccessMode::kWrite && w.position < before) earlier.push_back(w.span);
+    if (w.mode == AccessMode::kWrite && record.order.before(w.position, reader)) {
+      earlier.push_back(w.span);
+    }
   }
   return subtract(range, std::move(earlier));
+}
+
+std::string describe_path(const std::vector<std::size_t>& path) {
+  std::vector<std::string> steps;
+  for (std::size_t p : path) steps.push_back(absl::StrCat("node ", p));
+  return absl::StrJoin(steps, " -> ");
 }
 
 std::string name_of(const BlockRef& b) {
@@ -69,7 +91,9 @@ std::string name_of(const BlockRef& b) {
 
 }  // namespace
 
-IndexedRecord::IndexedRecord(WriteRecord r) : record(std::move(r)) {
+IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
+    : record(std::move(r)), order(std::move(o)) {
+  record.order_from_edges = order.from_edges();
   by_begin_.reserve(record.writes.size());
   for (std::size_t i = 0; i < record.writes.size(); ++i) {
     by_writer[record.writes[i].writer.sequence].push_back(i);
@@ -166,22 +190,21 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
   if (!written) {
     return hazard("no graph writes the victim, so no replay restores it after the clobber");
   }
-  // Per graph in replay order; at one position a read comes before a write.
-  std::sort(accesses.begin(), accesses.end(), [](const VictimAccess& a, const VictimAccess& b) {
-    const auto key = [](const VictimAccess& v) {
-      return std::tuple(v.graph, v.access->position, v.access->mode == AccessMode::kWrite);
-    };
-    return key(a) < key(b);
-  });
+  // Per graph: each read must be covered by that graph's whole writes ordered
+  // before it on a path of its edges (at one node a read comes first).
+  std::stable_sort(accesses.begin(), accesses.end(),
+                   [](const VictimAccess& a, const VictimAccess& b) { return a.graph < b.graph; });
   std::vector<std::string> writers;
   std::vector<MemorySpan> used;  // harmed bytes some graph uses (and writes first)
   for (std::size_t i = 0; i < accesses.size();) {
     const GraphHandle graph = accesses[i].graph;
     const std::string_view label = accesses[i].label;
-    std::vector<MemorySpan> written_first;
+    std::size_t end = i;
+    while (end < accesses.size() && accesses[end].graph == graph) ++end;
     bool uses_overlap = false;
-    for (; i < accesses.size() && accesses[i].graph == graph; ++i) {
-      const RecordedWrite& a = *accesses[i].access;
+    for (std::size_t k = i; k < end; ++k) {
+      const RecordedWrite& a = *accesses[k].access;
+      const GraphOrder& order = *accesses[k].order;
       for (const MemorySpan& range : f.ranges) {
         const MemorySpan piece = intersect(a.span, range);
         if (piece.bytes == 0) continue;
@@ -192,16 +215,25 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
               "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
               label, access_mode_name(a.mode), a.op));
         }
-        if (a.mode == AccessMode::kWrite) {
-          written_first.push_back(piece);
-        } else if (!covers(written_first, piece)) {
+        if (a.mode == AccessMode::kWrite) continue;
+        std::vector<MemorySpan> written_first;
+        for (std::size_t j = i; j < end; ++j) {
+          const RecordedWrite& w = *accesses[j].access;
+          if (w.mode == AccessMode::kWrite && order.before(w.position, a.position)) {
+            written_first.push_back(w.span);
+          }
+        }
+        if (!covers(std::move(written_first), piece)) {
           return hazard(absl::StrFormat(
-              "%s reads the victim before writing it (%s by %s at capture position %d)", label,
-              access_mode_name(a.mode), a.op, a.position));
+              "%s may read the victim before writing it (%s by %s at node %d, which no whole "
+              "write of those bytes precedes on a path of %s)",
+              label, access_mode_name(a.mode), a.op, a.position,
+              order.from_edges() ? "the graph's edges" : "capture order"));
         }
       }
     }
     if (uses_overlap) writers.emplace_back(label);
+    i = end;
   }
   f.severity = Severity::kCrossGraphOutput;
   std::size_t used_bytes = 0;
@@ -288,12 +320,97 @@ void name_access(Finding& f, const RecordedWrite& a) {
   f.write_mode = a.mode;
 }
 
+void set_order(Finding& f, const GraphOrder& order, std::string text,
+               std::vector<std::size_t> path = {}) {
+  f.order_from_edges = order.from_edges();
+  if (!order.from_edges()) text += " (capture order: the runtime gave no edges)";
+  f.order = std::move(text);
+  f.order_path = std::move(path);
+}
+
+bool overlaps_any(const MemorySpan& span, const std::vector<MemorySpan>& set) {
+  return std::any_of(set.begin(), set.end(), [&](const MemorySpan& s) { return s.overlaps(span); });
+}
+
+// The order evidence of the clobber node `clobber` leaves on `left`: how it
+// relates to the victim's own accesses of those bytes.
+void describe_clobber_order(Finding& f, const IndexedRecord& r, const BlockRef& victim,
+                            std::size_t clobber, const std::vector<MemorySpan>& left) {
+  const GraphOrder& order = r.order;
+  if (f.evidence == WriteEvidence::kFootprint) {
+    f.order_from_edges = false;
+    f.order = "none: footprint evidence places no write at any node";
+    f.order_path.clear();
+    return;
+  }
+  std::vector<const RecordedWrite*> own;
+  for (const RecordedWrite* a : victim_accesses(r, victim, victim.span())) {
+    if (overlaps_any(a->span, left)) own.push_back(a);
+  }
+  std::sort(own.begin(), own.end(), [](const RecordedWrite* a, const RecordedWrite* b) {
+    return a->position < b->position;
+  });
+  for (const RecordedWrite* a : own) {
+    if (order.unordered(clobber, a->position)) {
+      return set_order(f, order, absl::StrFormat(
+          "unordered: no path of edges joins node %d (the write through %s) and node %d (the "
+          "victim's %s by %s), so a replay may run the clobber after it",
+          clobber, name_of(f.writer), a->position, access_mode_name(a->mode), a->op));
+    }
+  }
+  for (auto it = own.rbegin(); it != own.rend(); ++it) {
+    if ((*it)->mode == AccessMode::kWrite && order.before((*it)->position, clobber)) {
+      std::vector<std::size_t> path = order.path((*it)->position, clobber);
+      return set_order(f, order, absl::StrFormat(
+          "after: %s; the clobber follows the victim's own write at node %d in every replay",
+          describe_path(path), (*it)->position), std::move(path));
+    }
+  }
+  for (const RecordedWrite* a : own) {
+    if (a->mode != AccessMode::kWrite && order.before(clobber, a->position)) {
+      std::vector<std::size_t> path = order.path(clobber, a->position);
+      return set_order(f, order, absl::StrFormat(
+          "before a read: %s; the victim's %s by %s reads the clobbered bytes with no whole "
+          "write of them in between",
+          describe_path(path), access_mode_name(a->mode), a->op), std::move(path));
+    }
+  }
+  set_order(f, order, absl::StrFormat(
+      "no rewrite: nothing the graph does through the victim after node %d restores the "
+      "clobbered bytes", clobber));
+}
+
+// The order evidence of the stale read at node `reader` of `stale`.
+void describe_stale_order(Finding& f, const IndexedRecord& r, std::size_t reader,
+                          const std::vector<MemorySpan>& stale) {
+  const GraphOrder& order = r.order;
+  if (f.evidence == WriteEvidence::kFootprint) {
+    f.order_from_edges = false;
+    f.order = "none: footprint evidence places no read at any node";
+    f.order_path.clear();
+    return;
+  }
+  for (const MemorySpan& range : stale) {
+    for (std::size_t i : r.writes_overlapping(range)) {
+      const RecordedWrite& w = r.record.writes[i];
+      if (w.mode == AccessMode::kWrite && order.unordered(w.position, reader)) {
+        return set_order(f, order, absl::StrFormat(
+            "unordered: node %d writes these bytes, but no path of edges orders it before the "
+            "read at node %d", w.position, reader));
+      }
+    }
+  }
+  set_order(f, order, absl::StrFormat(
+      "no earlier write: no node on a path of edges before the read at node %d writes these "
+      "bytes, so they come from before the replay", reader));
+}
+
 }  // namespace
 
 void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
                    const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
   // One finding per (graph, victim). Its writer is the last clobbering write
-  // in capture order (whose data a replay leaves behind); its ranges are the
+  // in capture order (the data a capture-order replay leaves behind); its ranges are the
   // exact bytes left clobbered (footprint: the whole overlap, an upper bound).
   Finding* f = nullptr;
   for (std::size_t i : candidates) {
@@ -307,7 +424,10 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
                                                 : left_clobbered(r, victim, overlap, w.position);
     if (left.empty()) continue;
     Finding& g = add_to_finding(f, r, victim, Harm::kClobber, left, out);
-    if (g.clobbering_writes == 1 || w.position >= g.write_position) name_access(g, w);
+    if (g.clobbering_writes == 1 || w.position >= g.write_position) {
+      name_access(g, w);
+      describe_clobber_order(g, r, victim, w.position, left);
+    }
     g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint;
   }
 }
@@ -330,7 +450,10 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
                                                 : read_from_outside(r, overlap, a.position);
     if (stale.empty()) continue;
     Finding& g = add_to_finding(f, r, victim, Harm::kStaleRead, stale, out);
-    if (g.clobbering_writes == 1 || a.position < g.write_position) name_access(g, a);
+    if (g.clobbering_writes == 1 || a.position < g.write_position) {
+      name_access(g, a);
+      describe_stale_order(g, r, a.position, stale);
+    }
     g.ranges_exact = g.ranges_exact && a.evidence != WriteEvidence::kFootprint;
   }
 }

@@ -3,10 +3,12 @@
 //
 // Graph G clobbers live block B when G's record holds a write (any mode but
 // kRead) to a range overlapping B made through another block's identity, and
-// (with declared or inspected evidence) G does not write that range whole
-// (kWrite) again through B itself later in the same replay. One finding is
-// made per (graph, victim); classify() then decides its severity from every
-// graph's accesses through B.
+// (with declared or inspected evidence) some replay order G's edges allow
+// leaves those bytes holding it: G does not write them whole (kWrite) through
+// B itself on a path of edges after the clobbering node, or G reads them
+// through B while they may still hold it. One finding is made per (graph,
+// victim); classify() then decides its severity from every graph's accesses
+// through B, each in its own graph's order.
 #ifndef CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 #define CAPALLOC_CAPTURE_ALIAS_RULE_HPP_
 
@@ -18,15 +20,18 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "capalloc/capture.hpp"
+#include "capture/graph_order.hpp"
 
 namespace capalloc::detail {
 
-// A write record with its writes grouped by the block written through.
+// A write record with its writes grouped by the block written through, and
+// the order its graph's replays respect.
 struct IndexedRecord {
   WriteRecord record;
+  GraphOrder order;
   absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> by_writer;
 
-  explicit IndexedRecord(WriteRecord r);
+  IndexedRecord(WriteRecord r, GraphOrder order);
   // Indices of the writes overlapping `span`. O(log writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
 
@@ -66,6 +71,7 @@ struct VictimAccess {
   GraphHandle graph = 0;
   std::string_view label;
   const RecordedWrite* access = nullptr;
+  const GraphOrder* order = nullptr;  // of `graph`'s replays
 };
 
 // Sets f.severity and f.severity_reason from the victim's lifetime and

@@ -119,7 +119,8 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
 
   CaptureResult result;
   result.graph = *graph;
-  result.new_findings = m.finish_capture(capture, *graph, a.runtime().graph_writes(*graph));
+  result.new_findings =
+      m.finish_capture(capture, *graph, a.runtime().graph_writes(*graph), m.order_of(*graph));
   return result;
 }
 

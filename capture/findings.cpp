@@ -129,6 +129,16 @@ void write_finding(JsonWriter& j, const Finding& f) {
     j.end_object();
   }
   j.end_array();
+  j.key("order").begin_object();
+  j.field("basis", f.order_from_edges ? "edges" : "capture_order");
+  // The sentence starts with its kind: "unordered", "after", "before a read",
+  // "no rewrite", "no earlier write" or "none".
+  j.field("relation", std::string_view(f.order).substr(0, f.order.find(':')));
+  j.field("text", f.order);
+  j.key("path").begin_array();
+  for (std::size_t node : f.order_path) j.value(static_cast<std::uint64_t>(node));
+  j.end_array();
+  j.end_object();
   j.field("severity_reason", f.severity_reason);
   j.key("waived");
   if (f.waived) {
@@ -226,25 +236,27 @@ std::string Finding::summary() const {
     return absl::StrFormat(
         "[%s] %s (capture %d) reads stale data from %s: each replay reads %s from %p through %s "
         "(%s, %s at capture position %d, %s evidence%s), memory that block no longer holds. "
-        "%s. Reuse chain: %s. Fix: %s.",
+        "Order: %s. %s. Reuse chain: %s. Fix: %s.",
         severity_name(severity), graph_label, capture, detail::describe_block(victim), harmed,
         overlap.ptr,
         detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
         evidence_name(evidence),
         clobbering_writes > 1 ? absl::StrFormat("; the first of %d such reads", clobbering_writes)
                               : std::string(),
+        order.empty() ? "-" : order,
         severity_reason.empty() ? "Severity: -" : absl::StrCat("Severity: ", severity_reason),
         chain.empty() ? "-" : chain, fix);
   }
   return absl::StrFormat(
       "[%s] %s (capture %d) clobbers %s: each replay writes %s from %p through %s (%s, %s at "
-      "capture position %d, %s evidence%s). %s. Reuse chain: %s. Fix: %s.",
+      "capture position %d, %s evidence%s). Order: %s. %s. Reuse chain: %s. Fix: %s.",
       severity_name(severity), graph_label, capture, detail::describe_block(victim), harmed,
       overlap.ptr,
       detail::describe_block(writer), write_op, access_mode_name(write_mode), write_position,
       evidence_name(evidence),
       clobbering_writes > 1 ? absl::StrFormat("; the last of %d such writes", clobbering_writes)
                             : std::string(),
+      order.empty() ? "-" : order,
       severity_reason.empty() ? "Severity: -" : absl::StrCat("Severity: ", severity_reason),
       chain.empty() ? "-" : chain, fix);
 }

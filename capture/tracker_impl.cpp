@@ -170,7 +170,7 @@ void CaptureTracker::Impl::complete_finding(Finding& f) const {
     if (it == records.end()) continue;
     const RecordedWrite& a = it->second->record.writes[i];
     if (a.writer.sequence == f.victim.sequence) {
-      accesses.push_back({graph, it->second->record.label, &a});
+      accesses.push_back({graph, it->second->record.label, &a, &it->second->order});
     }
   }
   detail::classify(f, std::move(accesses));
@@ -238,9 +238,19 @@ absl::StatusOr<const detail::IndexedRecord*> CaptureTracker::Impl::record_of(
   return it->second.get();
 }
 
+detail::GraphOrder CaptureTracker::Impl::order_of(GraphHandle graph) const {
+  auto dependencies = allocator->runtime().graph_dependencies(graph);
+  if (!dependencies.ok()) return detail::GraphOrder::capture_order();
+  auto order = detail::GraphOrder::from_edges(*dependencies);
+  if (order.ok()) return *std::move(order);
+  detail::log().warn("graph {}: its edges cannot be used ({}); capture order stands in for them",
+                     graph, std::string(order.status().message()));
+  return detail::GraphOrder::capture_order();
+}
+
 std::vector<Finding> CaptureTracker::Impl::finish_capture(
     const detail::ActiveCapture& capture, GraphHandle graph,
-    const absl::StatusOr<std::vector<GraphWrite>>& writes) {
+    const absl::StatusOr<std::vector<GraphWrite>>& writes, detail::GraphOrder order) {
   WriteRecord record;
   record.graph = graph;
   record.label = capture.label.empty() ? absl::StrCat("graph ", graph) : capture.label;
@@ -260,7 +270,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   } else {
     detail::add_footprint_writes(allocated, history, record);
   }
-  auto indexed = std::make_unique<IndexedRecord>(std::move(record));
+  auto indexed = std::make_unique<IndexedRecord>(std::move(record), std::move(order));
   const IndexedRecord& r = *indexed;
   index.add(r);
   count_writers(r.record, +1);
@@ -337,7 +347,8 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
     allocator->end_allocate_to_pool(id).IgnoreError();
     const absl::StatusOr<std::vector<GraphWrite>> no_writes =
         absl::UnimplementedError("a discovered capture's writes are not listed");
-    for (Finding& f : finish_capture(capture, detail::kDiscoveredGraph | id, no_writes)) {
+    for (Finding& f : finish_capture(capture, detail::kDiscoveredGraph | id, no_writes,
+                                      detail::GraphOrder::capture_order())) {
       fresh.push_back(std::move(f));
     }
   }

@@ -133,8 +133,13 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   absl::StatusOr<const IndexedRecord*> record_of(GraphHandle graph) const;
   // Builds, indexes and checks the record of a finished capture; returns
   // the new findings (also logged). `writes` absent: a footprint record.
+  // `order`: the graph's, from its edges where the runtime gives them.
   std::vector<Finding> finish_capture(const detail::ActiveCapture& capture, GraphHandle graph,
-                                      const absl::StatusOr<std::vector<GraphWrite>>& writes);
+                                      const absl::StatusOr<std::vector<GraphWrite>>& writes,
+                                      detail::GraphOrder order);
+  // The order of `graph`'s replays: from the runtime's edges, else capture
+  // order (logged when the edges are malformed).
+  detail::GraphOrder order_of(GraphHandle graph) const;
   // Records the discovered captures whose stream has left them; returns
   // their new findings.
   std::vector<Finding> finish_discovered();

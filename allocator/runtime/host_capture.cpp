@@ -4,14 +4,16 @@
 // Every kind of work (kernel, memset, memcpy) becomes a GraphNode. On a
 // running stream the node is moved into one queued operation, which the
 // worker destroys as soon as it has run; on a capturing stream it is appended
-// to the capture's node list instead and does not run. end_capture freezes
-// that list into a shared, immutable graph. A replay is one queued operation
-// that holds the list by shared_ptr and runs the nodes in capture order,
-// against the addresses they were captured with: capture order is a valid
-// dependency order, since a node can only depend on work submitted before it.
-// Replays therefore do not run a capture's parallel branches concurrently.
-// An illegal call during a capture marks it invalidated, keeping the first
-// cause, which end_capture reports.
+// to the capture's node list instead and does not run, with edges to the
+// stream's capture dependencies (as CUDA builds them: the stream's previous
+// node, plus the points of the events it waited on), and becomes the
+// stream's only dependency. end_capture freezes the list and its edges into
+// a shared, immutable graph. A replay is one queued operation that holds the
+// graph by shared_ptr and runs its nodes one at a time, in capture order or
+// in the order HostRuntimeOptions::replay_order picks (any order the edges
+// allow), against the addresses they were captured with. An illegal call
+// during a capture marks it invalidated, keeping the first cause, which
+// end_capture reports.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -57,8 +59,11 @@ absl::Status HostRuntime::submit(StreamHandle stream, GraphNode node) {
   if (!st.ok()) return st.status();
   if (CaptureState* capture = (*st)->capture.get(); capture != nullptr) {
     if (capture->status != CaptureStatus::kActive) return invalidated_error(*capture, stream);
-    capture->nodes.push_back(std::move(node));
-    ++capture->members[stream].own_nodes;
+    CaptureMember& member = capture->members[stream];
+    const std::size_t position = capture->nodes.ops.size();
+    capture->nodes.ops.push_back(std::move(node));
+    capture->nodes.depends_on.push_back(std::exchange(member.dependencies, {position}));
+    ++member.own_nodes;
     return absl::OkStatus();
   }
   std::string label = graph_node_label(node);
@@ -225,7 +230,7 @@ absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
     const CaptureState* capture = (*st)->capture.get();
     if (capture == nullptr) return CaptureInfo{};
     return CaptureInfo{
-        .status = capture->status, .id = capture->id, .position = capture->nodes.size()};
+        .status = capture->status, .id = capture->id, .position = capture->nodes.ops.size()};
   });
 }
 
@@ -269,15 +274,37 @@ absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
     if (CaptureState* capture = (*st)->capture.get(); capture != nullptr) {
       // A graph launched into a capture becomes part of it: inline its nodes.
       if (capture->status != CaptureStatus::kActive) return invalidated_error(*capture, stream);
-      capture->nodes.insert(capture->nodes.end(), nodes->begin(), nodes->end());
-      capture->members[stream].own_nodes += nodes->size();
+      // Its roots wait for the stream's dependencies; its sinks (nodes no
+      // other of its nodes waits for) become the stream's dependencies.
+      CaptureMember& member = capture->members[stream];
+      const std::size_t offset = capture->nodes.ops.size();
+      std::vector<bool> waited_for(nodes->size(), false);
+      for (std::size_t i = 0; i < nodes->size(); ++i) {
+        capture->nodes.ops.push_back(nodes->ops[i]);
+        std::vector<std::size_t> deps;
+        if (nodes->depends_on[i].empty()) deps = member.dependencies;
+        for (std::size_t d : nodes->depends_on[i]) {
+          deps.push_back(offset + d);
+          waited_for[d] = true;
+        }
+        capture->nodes.depends_on.push_back(std::move(deps));
+      }
+      if (!nodes->ops.empty()) {
+        member.dependencies.clear();
+        for (std::size_t i = 0; i < nodes->size(); ++i) {
+          if (!waited_for[i]) member.dependencies.push_back(offset + i);
+        }
+      }
+      member.own_nodes += nodes->size();
       capture->keep_alive.children.push_back(std::move(nodes));
       return absl::OkStatus();
     }
+    auto order = replay_order(*nodes);
+    if (!order.ok()) return order.status();
     (*st)->worker.enqueue(StreamWorker::Operation{
         .label = absl::StrFormat("replay of graph %d", graph),
-        .run = [nodes = std::move(nodes)] {
-          for (const GraphNode& node : *nodes) run_graph_node(node);
+        .run = [nodes = std::move(nodes), order = *std::move(order)] {
+          for (std::size_t i : order) run_graph_node(nodes->ops[i]);
         }});
     return absl::OkStatus();
   });
@@ -305,7 +332,7 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle gr
     }
     std::vector<GraphWrite> writes;
     for (std::size_t position = 0; position < nodes->size(); ++position) {
-      const GraphNode& node = (*nodes)[position];
+      const GraphNode& node = nodes->ops[position];
       if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
         append_declared_accesses(*kernel, position, writes);
       } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
@@ -320,6 +347,45 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle gr
     }
     return writes;
   });
+}
+
+absl::StatusOr<GraphDependencies> HostRuntime::graph_dependencies(GraphHandle graph) {
+  return without_exceptions("graph_dependencies", [&]() -> absl::StatusOr<GraphDependencies> {
+    std::lock_guard lock(mu_);
+    const auto found = graphs_.find(graph);
+    if (found == graphs_.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "graph_dependencies: graph %d not found (never created or already destroyed)", graph));
+    }
+    return GraphDependencies{.depends_on = found->second->depends_on};
+  });
+}
+
+absl::StatusOr<std::vector<std::size_t>> HostRuntime::replay_order(const GraphNodes& graph) const {
+  std::vector<std::size_t> order;
+  if (!options_.replay_order) {
+    order.resize(graph.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    return order;
+  }
+  order = options_.replay_order(graph.depends_on);
+  // A permutation in which every node comes after the nodes it depends on.
+  std::vector<std::size_t> rank(graph.size(), graph.size());
+  bool valid = order.size() == graph.size();
+  for (std::size_t r = 0; valid && r < order.size(); ++r) {
+    valid = order[r] < graph.size() && rank[order[r]] == graph.size();
+    if (valid) rank[order[r]] = r;
+  }
+  for (std::size_t i = 0; valid && i < graph.size(); ++i) {
+    for (std::size_t d : graph.depends_on[i]) valid = valid && rank[d] < rank[i];
+  }
+  if (!valid) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "launch_graph: HostRuntimeOptions::replay_order returned an order of %d node(s) that is "
+        "not a permutation of the graph's %d nodes respecting its edges; nothing was launched",
+        order.size(), graph.size()));
+  }
+  return order;
 }
 
 }  // namespace capalloc::detail

@@ -71,12 +71,14 @@ absl::Status HostRuntime::record_event(EventHandle event, StreamHandle stream) {
       CaptureFrontier point = member.depends_on;
       point[stream] = member.own_nodes;
       state.capture_point = std::move(point);
+      state.capture_dependencies = member.dependencies;
       state.capture_id = capture->id;
       return absl::OkStatus();
     }
 
     state.capture_id = 0;
     state.capture_point.clear();
+    state.capture_dependencies.clear();
     std::uint64_t generation;
     {
       std::lock_guard event_lock(state.mu);
@@ -159,9 +161,15 @@ absl::Status HostRuntime::stream_wait_event(StreamHandle stream, EventHandle eve
         return invalidate(*capture, call, "waiting on an event of another capture would merge "
                                           "two graphs");
       }
-      CaptureFrontier& depends_on = capture->members[stream].depends_on;
-      for (const auto& [member, nodes] : (*ev)->capture_point) {
-        depends_on[member] = std::max(depends_on[member], nodes);
+      CaptureMember& member = capture->members[stream];
+      for (const auto& [other, nodes] : (*ev)->capture_point) {
+        member.depends_on[other] = std::max(member.depends_on[other], nodes);
+      }
+      for (std::size_t node : (*ev)->capture_dependencies) {
+        if (std::find(member.dependencies.begin(), member.dependencies.end(), node) ==
+            member.dependencies.end()) {
+          member.dependencies.push_back(node);
+        }
       }
       return absl::OkStatus();
     }
@@ -174,7 +182,8 @@ absl::Status HostRuntime::stream_wait_event(StreamHandle stream, EventHandle eve
         return invalidate(*event_capture, call,
                           "the default (legacy) stream cannot take part in a capture");
       }
-      event_capture->members[stream] = CaptureMember{.depends_on = (*ev)->capture_point};
+      event_capture->members[stream] = CaptureMember{
+          .depends_on = (*ev)->capture_point, .dependencies = (*ev)->capture_dependencies};
       (*st)->capture = event_capture;
       return absl::OkStatus();
     }

@@ -58,7 +58,14 @@ struct MemcpyNode {
   std::size_t bytes = 0;
 };
 using GraphNode = std::variant<KernelLaunch, MemsetNode, MemcpyNode>;
-using GraphNodes = std::vector<GraphNode>;
+// A captured graph: its nodes in capture order (position = index) and, per
+// node, the nodes it directly depends on (positions, each smaller than its
+// own).
+struct GraphNodes {
+  std::vector<GraphNode> ops;
+  std::vector<std::vector<std::size_t>> depends_on;
+  std::size_t size() const { return ops.size(); }
+};
 
 // Runs one node on the calling (worker) thread. May throw whatever a kernel
 // body throws; the worker reports it.
@@ -91,6 +98,9 @@ using CaptureFrontier = absl::flat_hash_map<StreamHandle, std::size_t>;
 struct CaptureMember {
   std::size_t own_nodes = 0;  // nodes this stream recorded into the capture
   CaptureFrontier depends_on;  // what its next node comes after
+  // The nodes (positions) its next node will directly depend on: CUDA's
+  // capture dependencies of the stream.
+  std::vector<std::size_t> dependencies;
 };
 
 // Calls its function when destroyed: what watch_capture_graph attaches to a
@@ -121,7 +131,7 @@ struct CaptureState {
   CaptureStatus status = CaptureStatus::kActive;
   std::string invalidated_by;  // the call that invalidated it
   std::string invalidation_reason;
-  GraphNodes nodes;  // capture order; position of a node = its index
+  GraphNodes nodes;  // capture order; position of a node = its index, with its edges
   GraphKeepAlive keep_alive;  // handed to the graph, or released if none is made
   absl::flat_hash_map<StreamHandle, CaptureMember> members;  // origin included
 };
@@ -133,6 +143,7 @@ struct EventState {
   // a capturing stream: the event then marks a point of that capture's graph.
   CaptureId capture_id = 0;
   CaptureFrontier capture_point;
+  std::vector<std::size_t> capture_dependencies;  // the recording stream's, then
   // Guarded by `mu`. A record on a running stream bumps `recorded`; the
   // marker it enqueues raises `completed` when the worker reaches it.
   std::mutex mu;
@@ -193,6 +204,7 @@ class HostRuntime final : public DeviceRuntime {
   absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) override;
   absl::Status destroy_graph(GraphHandle graph) override;
   absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) override;
+  absl::StatusOr<GraphDependencies> graph_dependencies(GraphHandle graph) override;
 
  private:
   struct DeviceSegments {
@@ -214,6 +226,9 @@ class HostRuntime final : public DeviceRuntime {
   absl::Status invalidate(CaptureState& capture, std::string by, std::string_view reason);
   // The error for work submitted to a stream whose capture is invalidated.
   static absl::Status invalidated_error(const CaptureState& capture, StreamHandle stream);
+  // The graph's node order for one replay (options_.replay_order, or
+  // capture order), checked against its edges.
+  absl::StatusOr<std::vector<std::size_t>> replay_order(const GraphNodes& graph) const;
   // Records the node into the stream's capture, or enqueues it to run.
   absl::Status submit(StreamHandle stream, GraphNode node);
 

@@ -95,6 +95,10 @@ struct WriteRecord {
   int device = 0;
   PoolHandle pool = kDefaultPool;
   WriteEvidence precision = WriteEvidence::kFootprint;  // the weakest evidence in it
+  // Whether the order of `writes` comes from the graph's edges
+  // (DeviceRuntime::graph_dependencies), or, where the runtime gave none,
+  // from capture order taken as the only order.
+  bool order_from_edges = false;
   std::vector<RecordedWrite> writes;
 };
 
@@ -132,6 +136,15 @@ struct Finding {
   bool ranges_exact = true;
   MemorySpan overlap;
   std::vector<ChainLink> reuse_chain;
+  // The order evidence: how the harmful access relates to the accesses that
+  // could have undone it, in one sentence (a path of edges such as "node 2
+  // -> node 5", or "unordered": no path of edges between them, so some
+  // replay runs them the other way), and that path's node positions.
+  // `order_from_edges` false: the runtime gave no edges and capture order
+  // stood in for them.
+  bool order_from_edges = false;
+  std::string order;
+  std::vector<std::size_t> order_path;
   // Why this severity: which graph reads the victim before writing it, or
   // that every graph using it writes it first (an output or scratch).
   std::string severity_reason;

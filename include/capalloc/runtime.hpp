@@ -119,6 +119,16 @@ struct GraphWrite {
 // The runtime keeps the KernelLaunch (by value) until the operation has run;
 // a graph keeps it until the graph is destroyed, exactly as CUDA keeps
 // kernel arguments by value.
+// The order a graph's replays respect. Entry i lists the nodes that node i
+// (by position: the index GraphWrite::position uses) directly depends on,
+// each earlier in capture order. A replay runs a node after every node it
+// depends on; two nodes that no path of these edges orders may run in either
+// order, or at once. Edges that order nothing (CUDA's programmatic edges) are
+// left out.
+struct GraphDependencies {
+  std::vector<std::vector<std::size_t>> depends_on;
+};
+
 struct KernelLaunch {
   std::string name{};
   std::vector<MemorySpan> reads{};
@@ -205,6 +215,14 @@ class CAPALLOC_API DeviceRuntime {
   // of), as far as this runtime can tell.
   virtual absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) = 0;
 
+  // The graph's nodes and the edges between them, as the runtime's graph has
+  // them (not the order of capture). kUnimplemented where the runtime cannot
+  // tell; the tracker then takes capture order as the only order.
+  virtual absl::StatusOr<GraphDependencies> graph_dependencies(GraphHandle graph) {
+    (void)graph;
+    return absl::UnimplementedError("graph_dependencies: this runtime cannot list a graph's edges");
+  }
+
   // Calls `on_gone` once, from any thread, when the graph being captured on
   // `stream` is gone: the capture failed (no graph was made), or the graph
   // and every executable graph made from it were destroyed. This is how
@@ -228,6 +246,16 @@ struct HostRuntimeOptions {
   // with kResourceExhausted. Memory is mapped lazily, so a large limit costs
   // nothing until it is used.
   std::size_t memory_limit_per_device = std::size_t{16} << 30;
+  // The order in which a replay runs a graph's nodes. Given each node's
+  // dependencies (GraphDependencies::depends_on), it returns the node
+  // positions in the order to run them, which must respect every edge. Unset:
+  // capture order. It lets a test try every order a GPU may choose (the
+  // differential oracle does); it is called under the runtime's lock, once
+  // per launch_graph, and must not call the runtime. An order that is not a
+  // permutation respecting the edges makes launch_graph fail with
+  // kInvalidArgument and run nothing.
+  std::function<std::vector<std::size_t>(const std::vector<std::vector<std::size_t>>& depends_on)>
+      replay_order{};
 };
 
 CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(

@@ -1,0 +1,113 @@
+// capture/graph_order.cpp: see graph_order.hpp.
+#include "capture/graph_order.hpp"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/strings/str_format.h"
+
+namespace capalloc::detail {
+
+GraphOrder GraphOrder::capture_order() { return GraphOrder{}; }
+
+absl::StatusOr<GraphOrder> GraphOrder::from_edges(const GraphDependencies& dependencies) {
+  GraphOrder order;
+  order.from_edges_ = true;
+  order.depends_on_ = dependencies.depends_on;
+  const std::size_t n = order.depends_on_.size();
+  // A topological order (Kahn), which also proves there is no cycle. The
+  // runtimes list nodes in creation order, which is one already; this does
+  // not rely on it.
+  std::vector<std::size_t> waiting(n, 0);
+  std::vector<std::vector<std::size_t>> dependents(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t d : order.depends_on_[i]) {
+      if (d >= n || d == i) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "graph order: node %d depends on node %d, which is %s", i, d,
+            d == i ? "itself" : absl::StrFormat("not in the graph (%d nodes)", n)));
+      }
+      ++waiting[i];
+      dependents[d].push_back(i);
+    }
+  }
+  std::vector<std::size_t> topological;
+  topological.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (waiting[i] == 0) topological.push_back(i);
+  }
+  for (std::size_t next = 0; next < topological.size(); ++next) {
+    for (std::size_t d : dependents[topological[next]]) {
+      if (--waiting[d] == 0) topological.push_back(d);
+    }
+  }
+  if (topological.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("graph order: the edges of this %d-node graph form a cycle", n));
+  }
+  if (n <= kDenseLimit) {
+    order.words_ = (n + 63) / 64;
+    order.ancestors_.assign(n * order.words_, 0);
+    for (std::size_t i : topological) {
+      std::uint64_t* mine = &order.ancestors_[i * order.words_];
+      for (std::size_t d : order.depends_on_[i]) {
+        const std::uint64_t* theirs = &order.ancestors_[d * order.words_];
+        for (std::size_t w = 0; w < order.words_; ++w) mine[w] |= theirs[w];
+        mine[d / 64] |= std::uint64_t{1} << (d % 64);
+      }
+    }
+  }
+  return order;
+}
+
+bool GraphOrder::before(std::size_t a, std::size_t b) const {
+  if (a == b) return false;
+  const std::size_t n = depends_on_.size();
+  if (!from_edges_ || a >= n || b >= n) return a < b;
+  if (words_ != 0) return (ancestors_[b * words_ + a / 64] >> (a % 64)) & 1;
+  return walk_before(a, b);
+}
+
+bool GraphOrder::walk_before(std::size_t a, std::size_t b) const {
+  std::vector<bool> seen(depends_on_.size(), false);
+  std::vector<std::size_t> stack{b};
+  while (!stack.empty()) {
+    const std::size_t at = stack.back();
+    stack.pop_back();
+    for (std::size_t d : depends_on_[at]) {
+      if (d == a) return true;
+      if (!seen[d]) {
+        seen[d] = true;
+        stack.push_back(d);
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<std::size_t> GraphOrder::path(std::size_t a, std::size_t b) const {
+  if (!before(a, b)) return {};
+  const std::size_t n = depends_on_.size();
+  if (!from_edges_ || a >= n || b >= n) return {a, b};
+  // Breadth-first from b back along the edges: the shortest path.
+  std::vector<std::size_t> next_toward_b(n, n);
+  std::deque<std::size_t> queue{b};
+  next_toward_b[b] = b;
+  while (!queue.empty()) {
+    const std::size_t at = queue.front();
+    queue.pop_front();
+    for (std::size_t d : depends_on_[at]) {
+      if (next_toward_b[d] != n) continue;
+      next_toward_b[d] = at;
+      if (d == a) {
+        std::vector<std::size_t> out{a};
+        for (std::size_t step = a; step != b;) out.push_back(step = next_toward_b[step]);
+        return out;
+      }
+      queue.push_back(d);
+    }
+  }
+  return {};
+}
+
+}  // namespace capalloc::detail
