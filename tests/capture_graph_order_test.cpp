@@ -1,0 +1,251 @@
+// capture_graph_order_test.cpp: verdicts that hinge on the graph's edges,
+// not on capture order (issue 9, class 5), each proved against replays of
+// the host runtime in every order the edges allow: for each node, an order
+// that runs it as late as its edges let it.
+//
+// The cases fork a side stream off the capture and join it back with events,
+// as multi-stream PyTorch and vLLM graphs do.
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "capture_test_support.hpp"
+
+namespace capalloc::testing {
+namespace {
+
+// Which node the next replays run as late as the edges allow (none: capture
+// order). The host runtime asks it at each launch_graph.
+struct ReplayOrder {
+  std::optional<std::size_t> late;
+
+  // All nodes that do not depend on `late` (in capture order), then `late`,
+  // then those that do: a valid order, as late as possible for `late`.
+  std::vector<std::size_t> order(const std::vector<std::vector<std::size_t>>& deps) const {
+    const std::size_t n = deps.size();
+    std::vector<bool> after(n, false);
+    if (late && *late < n) {
+      after[*late] = true;
+      for (std::size_t i = *late + 1; i < n; ++i) {
+        for (std::size_t d : deps[i]) after[i] = after[i] || after[d];
+      }
+    }
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!after[i]) out.push_back(i);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      if (after[i]) out.push_back(i);
+    }
+    return out;
+  }
+};
+
+struct OrderedWorld {
+  std::shared_ptr<ReplayOrder> control = std::make_shared<ReplayOrder>();
+  World w{runtime(control)};
+
+  static std::shared_ptr<DeviceRuntime> runtime(std::shared_ptr<ReplayOrder> control) {
+    HostRuntimeOptions options;
+    options.replay_order = [control](const std::vector<std::vector<std::size_t>>& deps) {
+      return control->order(deps);
+    };
+    auto rt = make_host_runtime(options);
+    REQUIRE_OK(rt);
+    return *rt;
+  }
+
+  EventHandle event() {
+    auto e = w.rt->create_event(0);
+    REQUIRE_OK(e);
+    return *e;
+  }
+  // Makes `to` wait for everything `from` has done so far.
+  void join(StreamHandle from, StreamHandle to) {
+    const EventHandle e = event();
+    REQUIRE_OK(w.rt->record_event(e, from));
+    REQUIRE_OK(w.rt->stream_wait_event(to, e));
+  }
+
+  // True when some order the edges allow leaves `ok()` false after a
+  // replay; `prepare` runs before each replay.
+  bool some_order_harms(GraphHandle g, const std::function<void()>& prepare,
+                        const std::function<bool()>& ok) {
+    auto deps = w.rt->graph_dependencies(g);
+    REQUIRE_OK(deps);
+    bool harmed = false;
+    for (std::size_t node = 0; node <= deps->depends_on.size(); ++node) {
+      control->late = node < deps->depends_on.size() ? std::optional<std::size_t>(node)
+                                                      : std::nullopt;
+      prepare();
+      w.replay(g);
+      harmed = harmed || !ok();
+    }
+    control->late.reset();
+    return harmed;
+  }
+};
+
+KernelLaunch fill(float* p, std::size_t n, float value) {
+  KernelLaunch k;
+  k.name = "fill";
+  k.writes = {{p, n * sizeof(float)}};
+  k.host_body = [p, n, value] {
+    for (std::size_t i = 0; i < n; ++i) p[i] = value;
+  };
+  return k;
+}
+
+constexpr std::size_t kN = 256;
+
+// A transient T used on a side stream, freed on the origin stream without
+// record_stream, and its address taken by V, which the origin stream writes.
+// `joined`: the side stream's work is joined back before the free.
+CaptureResult side_stream_writer(OrderedWorld& o, bool joined, float** victim) {
+  World& w = o.w;
+  const StreamHandle side2 = w.stream();
+  return w.capture(kDefaultPool, "forked", [&] {
+    float* t = w.tensor(kN, w.side, "T");
+    o.join(w.side, side2);           // fork
+    w.launch(side2, fill(t, kN, 1.0f));  // captured first: node 0
+    if (joined) o.join(side2, w.side);
+    w.free(t);
+    float* v = w.tensor(kN, w.side, "V");
+    REQUIRE(v == t);  // the address is reused at once
+    w.launch(w.side, fill(v, kN, 2.0f));  // node 1
+    if (!joined) o.join(side2, w.side);  // join before the capture ends
+    *victim = v;
+  });
+}
+
+TEST_CASE("a stale write on a side stream after a free without record_stream is a hazard",
+          "[capture][order]") {
+  OrderedWorld o;
+  float* v = nullptr;
+  const CaptureResult done = side_stream_writer(o, /*joined=*/false, &v);
+  // Capture order puts T's write (node 0) before V's (node 1), but no edge
+  // does: a replay may run it last.
+  const Finding* f = find_finding(done.new_findings, "forked", "V");
+  REQUIRE(f != nullptr);
+  CHECK(f->severity == Severity::kHazard);
+  CHECK(f->writer.tag == "T");
+  CHECK(f->order_from_edges);
+  CHECK_THAT(f->order, Catch::StartsWith("unordered"));
+  CHECK(f->harmed_bytes() == kN * sizeof(float));
+  CHECK(o.some_order_harms(done.graph, [] {}, [&] { return all_equal(o.w.read(v, kN), 2.0f); }));
+}
+
+TEST_CASE("the same side-stream write joined before the free is clean", "[capture][order]") {
+  OrderedWorld o;
+  float* v = nullptr;
+  const CaptureResult done = side_stream_writer(o, /*joined=*/true, &v);
+  CHECK(done.new_findings.empty());
+  CHECK(o.w.tracker->check().empty());
+  CHECK_FALSE(
+      o.some_order_harms(done.graph, [] {}, [&] { return all_equal(o.w.read(v, kN), 2.0f); }));
+}
+
+// The graph writes T (allocated before the capture) on the origin stream and
+// reads it on a side stream forked before that write: the read may run first
+// and see whatever the memory holds. After the capture T is freed and an
+// eager block E takes its address, so that read is a stale read of E.
+TEST_CASE("a read on a branch not ordered after the write it needs reads stale data",
+          "[capture][order]") {
+  for (const bool joined : {false, true}) {
+    CAPTURE(joined);
+    OrderedWorld o;
+    World& w = o.w;
+    const StreamHandle side2 = w.stream();
+    float* out = w.tensor(kN, kDefaultStream, "out");
+    float* t = w.tensor(kN, w.side, "T");
+    const CaptureResult done = w.capture(kDefaultPool, "reader", [&] {
+      o.join(w.side, side2);  // fork before the write
+      w.launch(w.side, fill(t, kN, 3.0f));
+      if (joined) o.join(w.side, side2);
+      w.launch(side2, copy_kernel(out, t, kN));
+      o.join(side2, w.side);
+    });
+    w.free(t);
+    float* e = w.tensor(kN, w.side, "E");
+    REQUIRE(e == t);
+    const std::vector<Finding> now = w.tracker->check();
+    const Finding* f = find_finding(now, "reader", "E", Harm::kStaleRead);
+    const bool harm = o.some_order_harms(
+        done.graph, [&] { w.run_now(fill(e, kN, 9.0f)); },
+        [&] { return all_equal(w.read(out, kN), 3.0f); });
+    CHECK(harm == !joined);
+    if (joined) {
+      CHECK(f == nullptr);
+    } else {
+      REQUIRE(f != nullptr);
+      CHECK(f->severity == Severity::kHazard);
+      CHECK_THAT(f->order, Catch::StartsWith("unordered"));
+    }
+  }
+}
+
+// A transient allocated, used and freed on the side stream, and a block
+// allocated afterwards on the origin stream: per-stream reuse keeps them
+// apart, and nothing is reported.
+TEST_CASE("a fork/join capture whose transient lives on the side stream is clean",
+          "[capture][order]") {
+  OrderedWorld o;
+  World& w = o.w;
+  const StreamHandle side2 = w.stream();
+  float* v = nullptr;
+  const CaptureResult done = w.capture(kDefaultPool, "fork-join", [&] {
+    o.join(w.side, side2);
+    float* t = w.tensor(kN, side2, "T");
+    w.launch(side2, fill(t, kN, 1.0f));
+    w.free(t);
+    o.join(side2, w.side);
+    v = w.tensor(kN, w.side, "V");
+    w.launch(w.side, fill(v, kN, 2.0f));
+  });
+  CHECK(done.new_findings.empty());
+  CHECK_FALSE(
+      o.some_order_harms(done.graph, [] {}, [&] { return all_equal(w.read(v, kN), 2.0f); }));
+}
+
+TEST_CASE("the host runtime records the capture's edges and refuses an order that breaks them",
+          "[capture][order]") {
+  OrderedWorld o;
+  World& w = o.w;
+  const StreamHandle side2 = w.stream();
+  float* a = w.tensor(kN, kDefaultStream, "a");
+  float* b = w.tensor(kN, kDefaultStream, "b");
+  const CaptureResult done = w.capture(kDefaultPool, "diamond", [&] {
+    w.launch(w.side, fill(a, kN, 1.0f));  // 0
+    o.join(w.side, side2);
+    w.launch(side2, fill(b, kN, 2.0f));   // 1, after 0
+    w.launch(w.side, fill(a, kN, 3.0f));  // 2, after 0, unordered with 1
+    o.join(side2, w.side);
+    w.launch(w.side, fill(a, kN, 4.0f));  // 3, after 1 and 2
+  });
+  auto deps = w.rt->graph_dependencies(done.graph);
+  REQUIRE_OK(deps);
+  using V = std::vector<std::size_t>;
+  REQUIRE(deps->depends_on.size() == 4);
+  CHECK(deps->depends_on[0] == V{});
+  CHECK(deps->depends_on[1] == V{0});
+  CHECK(deps->depends_on[2] == V{0});
+  CHECK(deps->depends_on[3] == V{2, 1});
+  // An order that runs node 3 before node 1 is refused, and nothing runs.
+  HostRuntimeOptions bad;
+  bad.replay_order = [](const std::vector<std::vector<std::size_t>>&) { return V{0, 2, 3, 1}; };
+  auto rt = make_host_runtime(bad);
+  REQUIRE_OK(rt);
+  auto s = (*rt)->create_stream(0);
+  REQUIRE_OK(s);
+  REQUIRE_OK((*rt)->begin_capture(*s, CaptureMode::kGlobal));
+  REQUIRE_OK((*rt)->memset_async(a, 0, 4, *s));
+  REQUIRE_OK((*rt)->memset_async(a, 0, 4, *s));
+  auto g = (*rt)->end_capture(*s);
+  REQUIRE_OK(g);
+  CHECK((*rt)->launch_graph(*g, *s).code() == absl::StatusCode::kInvalidArgument);
+  CHECK((*rt)->graph_dependencies(*g + 100).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK((*rt)->destroy_stream(*s));
+}
+
+}  // namespace
+}  // namespace capalloc::testing
