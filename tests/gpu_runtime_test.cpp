@@ -450,6 +450,49 @@ TEST_CASE("gpu capture: memset, memcpy and declared writes show in graph_writes,
   REQUIRE_OK(rt->destroy_stream(s));
 }
 
+TEST_CASE("gpu capture: graph_dependencies gives the native edges of a fork/join capture",
+          "[gpu][capture]") {
+  // The same diamond as the host runtime's test: the edges are the graph's,
+  // not capture order.
+  auto rt = gpu_runtime();
+  const StreamHandle s = value_of(rt->create_stream(0));
+  const StreamHandle side = value_of(rt->create_stream(0));
+  const EventHandle fork = value_of(rt->create_event(0));
+  const EventHandle join = value_of(rt->create_event(0));
+  const std::size_t seg_bytes = std::size_t{2} << 20;
+  void* seg = value_of(rt->reserve(0, seg_bytes));
+  REQUIRE_OK(rt->begin_capture(s, CaptureMode::kGlobal));
+  REQUIRE_OK(rt->memset_async(seg, 1, 4096, s));                    // 0
+  REQUIRE_OK(rt->record_event(fork, s));
+  REQUIRE_OK(rt->stream_wait_event(side, fork));
+  REQUIRE_OK(rt->memset_async(offset(seg, 8192), 2, 4096, side));  // 1, after 0
+  REQUIRE_OK(rt->memset_async(seg, 3, 4096, s));                    // 2, after 0
+  REQUIRE_OK(rt->record_event(join, side));
+  REQUIRE_OK(rt->stream_wait_event(s, join));
+  REQUIRE_OK(rt->memset_async(seg, 4, 4096, s));                    // 3, after 1 and 2
+  auto graph = rt->end_capture(s);
+  REQUIRE_OK(graph);
+  auto deps = rt->graph_dependencies(*graph);
+  REQUIRE_OK(deps);
+  REQUIRE(deps->depends_on.size() == 4);
+  auto sorted = [](std::vector<std::size_t> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  using V = std::vector<std::size_t>;
+  CHECK(sorted(deps->depends_on[0]) == V{});
+  CHECK(sorted(deps->depends_on[1]) == V{0});
+  CHECK(sorted(deps->depends_on[2]) == V{0});
+  CHECK(sorted(deps->depends_on[3]) == V{1, 2});
+  REQUIRE_OK(rt->destroy_graph(*graph));
+  CHECK(rt->graph_dependencies(*graph).status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_OK(rt->release(0, seg, seg_bytes));
+  REQUIRE_OK(rt->destroy_event(fork));
+  REQUIRE_OK(rt->destroy_event(join));
+  REQUIRE_OK(rt->destroy_stream(side));
+  REQUIRE_OK(rt->destroy_stream(s));
+}
+
 TEST_CASE("gpu capture: synchronizing the capturing stream invalidates it, end_capture says so",
           "[gpu][capture]") {
   auto rt = gpu_runtime();

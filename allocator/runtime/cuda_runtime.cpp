@@ -48,6 +48,31 @@ NativeError query_native_capture(NativeStream stream, bool with_dependencies, Na
   return e;
 }
 
+NativeError native_edges(NativeGraph graph,
+                         std::vector<std::pair<NativeGraphNode, NativeGraphNode>>& out) {
+  std::size_t count = 0;
+  if (const cudaError_t e = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count);
+      e != cudaSuccess) {
+    return e;
+  }
+  std::vector<cudaGraphNode_t> from(count), to(count);
+  std::vector<cudaGraphEdgeData> data(count);
+  if (count != 0) {
+    if (const cudaError_t e = cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  out.clear();
+  for (std::size_t i = 0; i < count && i < from.size(); ++i) {
+    // A programmatic edge lets the dependent start before its source ends:
+    // it orders nothing the alias rule may rely on.
+    if (data[i].type != cudaGraphDependencyTypeDefault) continue;
+    out.emplace_back(from[i], to[i]);
+  }
+  return cudaSuccess;
+}
+
 NodeKind classify_node(NativeNodeType type) {
   switch (type) {
     case cudaGraphNodeTypeKernel:

@@ -41,6 +41,24 @@ NativeError query_native_capture(NativeStream stream, bool with_dependencies, Na
   return e;
 }
 
+NativeError native_edges(NativeGraph graph,
+                         std::vector<std::pair<NativeGraphNode, NativeGraphNode>>& out) {
+  std::size_t count = 0;
+  if (const hipError_t e = hipGraphGetEdges(graph, nullptr, nullptr, &count); e != hipSuccess) {
+    return e;
+  }
+  std::vector<hipGraphNode_t> from(count), to(count);
+  if (count != 0) {
+    if (const hipError_t e = hipGraphGetEdges(graph, from.data(), to.data(), &count);
+        e != hipSuccess) {
+      return e;
+    }
+  }
+  out.clear();
+  for (std::size_t i = 0; i < count && i < from.size(); ++i) out.emplace_back(from[i], to[i]);
+  return hipSuccess;
+}
+
 NodeKind classify_node(NativeNodeType type) {
   switch (type) {
     case hipGraphNodeTypeKernel:
