@@ -135,13 +135,14 @@ absl::Status Allocator::Impl::refuse_persistent(int device, StreamHandle stream,
 }
 
 void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureId capture,
-                             std::size_t position) {
+                             std::size_t position, std::uintptr_t graph) {
   if (listener == nullptr) return;
   BlockEvent event;
   event.kind = kind;
   event.block = info_of(block);
   event.capture = capture;
   event.position = position;
+  event.capture_graph = graph;
   listener->on_block_event(event);
 }
 
@@ -250,6 +251,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     if (info->status != CaptureStatus::kNone) {
       ctx.capture = info->id;
       ctx.position = info->position;
+      ctx.graph = info->graph;
     }
   }
 
@@ -275,7 +277,9 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
   m.live.emplace(block->addr, block);
-  if (ctx.capture != 0) m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position);
+  if (ctx.capture != 0) {
+    m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
+  }
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -300,12 +304,15 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
   if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
     CaptureId capture = 0;
     std::size_t position = 0;
+    std::uintptr_t graph = 0;
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
       capture = info->id;
       position = info->position;
+      graph = info->graph;
     }
-    m.notify(BlockEvent::Kind::kFree, *block, capture, position);  // before it may merge away
+    // Before it may merge away.
+    m.notify(BlockEvent::Kind::kFree, *block, capture, position, graph);
   }
   return m.free_block(block);
 }

@@ -73,6 +73,7 @@ struct CaptureContext {
   bool device_may_capture = false;  // DeviceRuntime::any_capture_active
   CaptureId capture = 0;            // the stream's capture, 0 if none
   std::size_t position = 0;
+  std::uintptr_t graph = 0;         // CaptureInfo::graph
 };
 
 }  // namespace detail
@@ -117,7 +118,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::Status record_free_events(detail::Block* block);
   void process_pending();
   void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
-              std::size_t position);
+              std::size_t position, std::uintptr_t graph);
   BlockInfo info_of(const detail::Block& block) const;
   AllocatorStats device_stats(int device) const;
 

@@ -224,13 +224,18 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
 
 absl::Status Allocator::end_allocate_to_pool(CaptureId capture) {
   Impl& m = *impl_;
-  std::lock_guard lock(m.mu);
-  if (!m.routes.contains(capture)) {
-    return absl::NotFoundError(
-        absl::StrFormat("end_allocate_to_pool: capture %d has no pool route", capture));
+  CaptureListener* listener = nullptr;
+  {
+    std::lock_guard lock(m.mu);
+    if (!m.routes.contains(capture)) {
+      return absl::NotFoundError(
+          absl::StrFormat("end_allocate_to_pool: capture %d has no pool route", capture));
+    }
+    m.drop_route(capture);
+    if (!m.deferred.empty() || !m.pending.empty()) m.process_pending();
+    listener = m.listener;
   }
-  m.drop_route(capture);
-  if (!m.deferred.empty() || !m.pending.empty()) m.process_pending();
+  if (listener != nullptr) listener->on_capture_pool_end(capture);
   return absl::OkStatus();
 }
 

@@ -32,26 +32,33 @@ std::vector<const RecordedWrite*> victim_accesses(const IndexedRecord& record,
 // and those an access through the victim may read while they still hold the
 // clobber (any read not ordered before the clobber, unless a whole write
 // through the victim lies between them on a path of edges). At one node a
-// read comes before a write.
+// read comes before a write. Touches count as reads and never restore;
+// `with_inferred`: inferred writes (first touches of blocks born in the
+// capture) count as whole writes instead.
+bool writes_whole(const RecordedWrite& a, bool with_inferred) {
+  return a.mode == AccessMode::kWrite || (with_inferred && a.inferred_write);
+}
+
 std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
-                                       MemorySpan range, std::size_t clobber) {
+                                       MemorySpan range, std::size_t clobber,
+                                       bool with_inferred) {
   const GraphOrder& order = record.order;
   const std::vector<const RecordedWrite*> own = victim_accesses(record, victim, range);
   std::vector<MemorySpan> restored;
   for (const RecordedWrite* a : own) {
-    if (a->mode == AccessMode::kWrite && order.before(clobber, a->position)) {
+    if (writes_whole(*a, with_inferred) && order.before(clobber, a->position)) {
       restored.push_back(a->span);
     }
   }
   std::vector<MemorySpan> harmed = subtract(range, restored);
   for (const RecordedWrite* a : own) {
-    if (a->mode == AccessMode::kWrite || a->position == clobber ||
+    if (writes_whole(*a, with_inferred) || a->position == clobber ||
         order.before(a->position, clobber)) {
       continue;
     }
     std::vector<MemorySpan> between;
     for (const RecordedWrite* w : own) {
-      if (w->mode == AccessMode::kWrite && order.before(clobber, w->position) &&
+      if (writes_whole(*w, with_inferred) && order.before(clobber, w->position) &&
           order.before(w->position, a->position)) {
         between.push_back(w->span);
       }
@@ -65,13 +72,14 @@ std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockR
 
 // The bytes of `range`, read through some block by node `reader`, that no
 // whole write (through any block) ordered before the read provides in every
-// replay: those come from outside the replay.
+// replay: those come from outside the replay. `with_inferred`: inferred
+// writes provide bytes too.
 std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpan range,
-                                          std::size_t reader) {
+                                          std::size_t reader, bool with_inferred) {
   std::vector<MemorySpan> earlier;
   for (std::size_t i : record.writes_overlapping(range)) {
     const RecordedWrite& w = record.record.writes[i];
-    if (w.mode == AccessMode::kWrite && record.order.before(w.position, reader)) {
+    if (writes_whole(w, with_inferred) && record.order.before(w.position, reader)) {
       earlier.push_back(w.span);
     }
   }
@@ -103,6 +111,21 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
   std::sort(by_begin_.begin(), by_begin_.end(), [&](std::size_t a, std::size_t b) {
     return record.writes[a].span.begin() < record.writes[b].span.begin();
   });
+  // A block born in this capture holds nothing defined until the graph first
+  // uses it: its first touches (none of its accesses ordered before them)
+  // are taken to write it.
+  for (const auto& [sequence, accesses] : by_writer) {
+    if (sequence == 0 || record.writes[accesses.front()].writer.capture != record.capture) {
+      continue;
+    }
+    for (std::size_t i : accesses) {
+      RecordedWrite& t = record.writes[i];
+      if (t.mode != AccessMode::kTouch) continue;
+      t.inferred_write = std::none_of(accesses.begin(), accesses.end(), [&](std::size_t j) {
+        return order.before(record.writes[j].position, t.position);
+      });
+    }
+  }
 }
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
@@ -172,6 +195,17 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
         "harms the victim is not known (inspected or declared evidence would tell)";
     return;
   }
+  const auto possible = [&f](std::string reason) {
+    f.severity = Severity::kPossible;
+    f.severity_reason = std::move(reason);
+  };
+  if (f.mode_unknown) {
+    return possible(absl::StrFormat(
+        "the %s rests on an access of unknown mode (an inspected touch: a pointer in a kernel's "
+        "parameters): it happens only if that kernel %s",
+        f.harm == Harm::kStaleRead ? "stale read" : "clobber",
+        f.harm == Harm::kStaleRead ? "reads those bytes" : "writes those bytes"));
+  }
   if (f.harm == Harm::kStaleRead) {
     return hazard(absl::StrFormat(
         "a stale read: each replay computes from %s's data instead of the graph's own input",
@@ -184,18 +218,31 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
     return hazard("the victim was allocated outside any capture: the program, not a graph, "
                   "owns its data");
   }
-  const bool written = std::any_of(accesses.begin(), accesses.end(), [](const VictimAccess& a) {
-    return a.access->mode != AccessMode::kRead;
+  const auto surely_writes = [](const RecordedWrite& a) {
+    return a.mode != AccessMode::kRead && a.mode != AccessMode::kTouch;
+  };
+  const bool written = std::any_of(accesses.begin(), accesses.end(), [&](const VictimAccess& a) {
+    return surely_writes(*a.access) || a.access->inferred_write;
   });
   if (!written) {
+    const bool touched = std::any_of(accesses.begin(), accesses.end(), [](const VictimAccess& a) {
+      return a.access->mode == AccessMode::kTouch;
+    });
+    if (touched) {
+      return possible("no graph surely writes the victim: only touches of unknown mode might "
+                      "restore it after the clobber");
+    }
     return hazard("no graph writes the victim, so no replay restores it after the clobber");
   }
   // Per graph: each read must be covered by that graph's whole writes ordered
-  // before it on a path of its edges (at one node a read comes first).
+  // before it on a path of its edges (at one node a read comes first). A
+  // verdict that hinges on a touch's unknown mode, or on a write inferred
+  // from a touch, is `possible`.
   std::stable_sort(accesses.begin(), accesses.end(),
                    [](const VictimAccess& a, const VictimAccess& b) { return a.graph < b.graph; });
   std::vector<std::string> writers;
   std::vector<MemorySpan> used;  // harmed bytes some graph uses (and writes first)
+  std::string uncertain;         // why the verdict hinges on a mode not known
   for (std::size_t i = 0; i < accesses.size();) {
     const GraphHandle graph = accesses[i].graph;
     const std::string_view label = accesses[i].label;
@@ -211,29 +258,55 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
         uses_overlap = true;
         used.push_back(piece);
         if (graph == f.graph) {
+          if (a.mode == AccessMode::kTouch) {
+            uncertain = absl::StrFormat("%s itself touches the victim (%s, mode unknown)", label,
+                                        a.op);
+            continue;
+          }
           return hazard(absl::StrFormat(
               "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
               label, access_mode_name(a.mode), a.op));
         }
         if (a.mode == AccessMode::kWrite) continue;
-        std::vector<MemorySpan> written_first;
+        if (a.inferred_write) {
+          uncertain = absl::StrFormat(
+              "%s's first use of the victim (%s at node %d) is a touch taken to write it", label,
+              a.op, a.position);
+          continue;
+        }
+        std::vector<MemorySpan> definite, inferred;
         for (std::size_t j = i; j < end; ++j) {
           const RecordedWrite& w = *accesses[j].access;
-          if (w.mode == AccessMode::kWrite && order.before(w.position, a.position)) {
-            written_first.push_back(w.span);
-          }
+          if (!order.before(w.position, a.position)) continue;
+          if (w.mode == AccessMode::kWrite) definite.push_back(w.span);
+          if (w.mode == AccessMode::kWrite || w.inferred_write) inferred.push_back(w.span);
         }
-        if (!covers(std::move(written_first), piece)) {
-          return hazard(absl::StrFormat(
-              "%s may read the victim before writing it (%s by %s at node %d, which no whole "
-              "write of those bytes precedes on a path of %s)",
-              label, access_mode_name(a.mode), a.op, a.position,
-              order.from_edges() ? "the graph's edges" : "capture order"));
+        if (covers(std::move(definite), piece)) continue;
+        if (a.mode == AccessMode::kTouch) {
+          uncertain = absl::StrFormat(
+              "%s touches the victim (%s at node %d, mode unknown) before any write of it", label,
+              a.op, a.position);
+          continue;
         }
+        if (covers(std::move(inferred), piece)) {
+          uncertain = absl::StrFormat(
+              "%s reads the victim after a touch taken to write it (%s at node %d)", label, a.op,
+              a.position);
+          continue;
+        }
+        return hazard(absl::StrFormat(
+            "%s may read the victim before writing it (%s by %s at node %d, which no whole "
+            "write of those bytes precedes on a path of %s)",
+            label, access_mode_name(a.mode), a.op, a.position,
+            order.from_edges() ? "the graph's edges" : "capture order"));
       }
     }
     if (uses_overlap) writers.emplace_back(label);
     i = end;
+  }
+  if (!uncertain.empty()) {
+    return possible(absl::StrCat(uncertain, ": whether it reads the clobbered bytes first is not "
+                                 "known (inspected evidence gives no mode)"));
   }
   f.severity = Severity::kCrossGraphOutput;
   std::size_t used_bytes = 0;
@@ -419,11 +492,18 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     if (w.writer.sequence == victim.sequence && victim.sequence != 0) continue;
     const MemorySpan overlap = intersect(w.span, victim.span());
     if (overlap.bytes == 0) continue;
+    const bool footprint = w.evidence == WriteEvidence::kFootprint;
     const std::vector<MemorySpan> left =
-        w.evidence == WriteEvidence::kFootprint ? std::vector<MemorySpan>{overlap}
-                                                : left_clobbered(r, victim, overlap, w.position);
+        footprint ? std::vector<MemorySpan>{overlap}
+                  : left_clobbered(r, victim, overlap, w.position, /*with_inferred=*/false);
     if (left.empty()) continue;
+    // Whether only a mode the evidence does not give makes this harm: the
+    // clobbering access is a touch, or inferred writes would undo it.
+    const bool unknown =
+        !footprint && (w.mode == AccessMode::kTouch ||
+                       left_clobbered(r, victim, overlap, w.position, true).empty());
     Finding& g = add_to_finding(f, r, victim, Harm::kClobber, left, out);
+    g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || w.position >= g.write_position) {
       name_access(g, w);
       describe_clobber_order(g, r, victim, w.position, left);
@@ -441,15 +521,25 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     const RecordedWrite& a = r.record.writes[i];
     if (a.mode == AccessMode::kWrite) continue;  // reads, updates and state read first
     if (a.writer.sequence == victim.sequence && victim.sequence != 0) continue;
+    // A touch through a block born in this capture is its first use (an
+    // inferred write) or comes after one: the graph using its own data.
+    if (a.mode == AccessMode::kTouch && a.writer.sequence != 0 &&
+        a.writer.capture == r.record.capture) {
+      continue;
+    }
     const MemorySpan overlap = intersect(a.span, victim.span());
     if (overlap.bytes == 0) continue;
     // Bytes the graph wrote earlier in this replay, through any block, are
     // its own data, not the victim's.
+    const bool footprint = a.evidence == WriteEvidence::kFootprint;
     const std::vector<MemorySpan> stale =
-        a.evidence == WriteEvidence::kFootprint ? std::vector<MemorySpan>{overlap}
-                                                : read_from_outside(r, overlap, a.position);
+        footprint ? std::vector<MemorySpan>{overlap}
+                  : read_from_outside(r, overlap, a.position, /*with_inferred=*/false);
     if (stale.empty()) continue;
+    const bool unknown = !footprint && (a.mode == AccessMode::kTouch ||
+                                        read_from_outside(r, overlap, a.position, true).empty());
     Finding& g = add_to_finding(f, r, victim, Harm::kStaleRead, stale, out);
+    g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || a.position < g.write_position) {
       name_access(g, a);
       describe_stale_order(g, r, a.position, stale);

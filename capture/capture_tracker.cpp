@@ -109,7 +109,10 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   m.active.erase(it);
   auto graph = a.runtime().end_capture(stream);
   // Whatever the outcome, the capture no longer allocates into the pool.
-  a.end_allocate_to_pool(capture.id).IgnoreError();
+  {
+    const Impl::SelfCall self;
+    a.end_allocate_to_pool(capture.id).IgnoreError();
+  }
   m.drain_log();
   if (!graph.ok()) {
     m.allocated_in.erase(capture.id);

@@ -205,6 +205,8 @@ const char* access_mode_name(AccessMode mode) {
       return "read_write";
     case AccessMode::kState:
       return "state";
+    case AccessMode::kTouch:
+      return "touch";
   }
   return "?";
 }

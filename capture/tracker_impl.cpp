@@ -68,6 +68,7 @@ void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
 }
 
 void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
+  inspected.erase(capture);
   if (discovered.erase(capture) == 1) {
     allocated_in.erase(capture);  // the capture failed, or its graph went before any check
     return;
@@ -126,7 +127,7 @@ void CaptureTracker::Impl::drain_log() {
       history.note(e.event.block.device, ref, e.tick);
       if (ref.capture != 0) {
         allocated_in[ref.capture].push_back(ref.sequence);
-        note_capture(ref.capture, e.event.block, e.tick);
+        note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
       }
     } else {
       history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
@@ -318,14 +319,18 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   return fresh;
 }
 
-void CaptureTracker::Impl::note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick) {
-  if (discovered.contains(id)) return;
+void CaptureTracker::Impl::note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick,
+                                        std::uintptr_t graph) {
+  if (auto it = discovered.find(id); it != discovered.end()) {
+    if (it->second.graph == 0) it->second.graph = graph;
+    return;
+  }
   for (const auto& [stream, capture] : active) {
     if (capture.id == id) return;  // begun through this tracker
   }
   // A capture nobody announced: its first allocation is how it shows.
   discovered.emplace(id, detail::ActiveCapture{id, block.device, block.stream, block.pool,
-                                               absl::StrCat("capture ", id), tick - 1});
+                                               absl::StrCat("capture ", id), tick - 1, graph});
 }
 
 std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
@@ -344,15 +349,56 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
     // (on_capture_graph_gone; a capture that failed is reported as soon as
     // the runtime drops its graph, on CUDA possibly a little later than the
     // failed end). Where the runtime cannot watch graphs, it stays for good.
-    allocator->end_allocate_to_pool(id).IgnoreError();
-    const absl::StatusOr<std::vector<GraphWrite>> no_writes =
-        absl::UnimplementedError("a discovered capture's writes are not listed");
-    for (Finding& f : finish_capture(capture, detail::kDiscoveredGraph | id, no_writes,
-                                      detail::GraphOrder::capture_order())) {
+    {
+      const SelfCall self;
+      allocator->end_allocate_to_pool(id).IgnoreError();
+    }
+    // Inspected at its capture-end hook, or footprint: capalloc saw only its
+    // allocations and frees.
+    auto inspection = inspected.extract(id);
+    const absl::StatusOr<std::vector<GraphWrite>> writes =
+        inspection ? absl::StatusOr<std::vector<GraphWrite>>(std::move(inspection.mapped().writes))
+                   : absl::UnimplementedError("a discovered capture's writes are not listed");
+    detail::GraphOrder order = inspection ? std::move(inspection.mapped().order)
+                                          : detail::GraphOrder::capture_order();
+    for (Finding& f : finish_capture(capture, detail::kDiscoveredGraph | id, writes,
+                                      std::move(order))) {
       fresh.push_back(std::move(f));
     }
   }
   return fresh;
+}
+
+}  // namespace capalloc
+
+namespace capalloc {
+
+thread_local int CaptureTracker::Impl::self_calls = 0;
+
+void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
+  // The tracker's own end_allocate_to_pool calls hold mu; they need nothing.
+  if (self_calls > 0) return;
+  std::lock_guard lock(mu);
+  drain_log();
+  auto it = discovered.find(capture);
+  if (it == discovered.end() || it->second.graph == 0) return;
+  // The capture has just ended natively and its graph still exists: inspect
+  // it now, before the host application destroys it.
+  DeviceRuntime& rt = allocator->runtime();
+  auto writes = rt.captured_graph_writes(it->second.graph);
+  if (!writes.ok()) {
+    detail::log().info("capture {}: its graph cannot be inspected ({}); footprint evidence",
+                       capture, std::string(writes.status().message()));
+    return;
+  }
+  detail::GraphOrder order = detail::GraphOrder::capture_order();
+  if (auto deps = rt.captured_graph_dependencies(it->second.graph); deps.ok()) {
+    if (auto from_edges = detail::GraphOrder::from_edges(*deps); from_edges.ok()) {
+      order = *std::move(from_edges);
+    }
+  }
+  inspected.insert_or_assign(capture, Inspection{*std::move(writes), std::move(order)});
+  finish_discovered();
 }
 
 }  // namespace capalloc

@@ -47,6 +47,7 @@ struct ActiveCapture {
   PoolHandle pool = kDefaultPool;
   std::string label;
   std::uint64_t begin_tick = 0;
+  std::uintptr_t graph = 0;  // CaptureInfo::graph of a discovered capture (0: unknown)
 };
 
 struct LoggedEvent {
@@ -114,6 +115,24 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
 
   void on_block_event(const BlockEvent& event) override;
   void on_capture_graph_gone(CaptureId capture) override;
+  // A discovered capture's capture-end hook: its graph is inspected now, and
+  // its record built (inspected evidence).
+  void on_capture_pool_end(CaptureId capture) override;
+  // Set while this thread calls the allocator's end_allocate_to_pool with mu
+  // held: its hook then has nothing to do (and must not take mu).
+  static thread_local int self_calls;
+  struct SelfCall {
+    SelfCall() { ++self_calls; }
+    ~SelfCall() { --self_calls; }
+    SelfCall(const SelfCall&) = delete;
+    SelfCall& operator=(const SelfCall&) = delete;
+  };
+  // What a discovered capture's graph showed at its capture-end hook.
+  struct Inspection {
+    std::vector<GraphWrite> writes;
+    detail::GraphOrder order;
+  };
+  absl::flat_hash_map<CaptureId, Inspection> inspected;  // guarded by mu
   // A discovered capture's graph is gone: no record is built for it, or its
   // record is dropped. Requires mu.
   void forget_discovered_graph(CaptureId capture);
@@ -145,7 +164,8 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   std::vector<Finding> finish_discovered();
   // Registers capture `id`, met in an allocation event, as discovered unless
   // this tracker began it.
-  void note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick);
+  void note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick,
+                    std::uintptr_t graph);
 
   static constexpr std::size_t kChainLinks = 16;
 };

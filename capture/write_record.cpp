@@ -68,6 +68,26 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
     candidates.clear();
     history.live_overlapping(window.device, w.span, candidates);
     freed.for_overlapping(w.span, [&](const Occupant* o) { candidates.push_back(o); });
+    if (w.mode == AccessMode::kTouch) {
+      // A pointer into a block touches that block, whole; one into no block
+      // (or a block's end) touches nothing: it is not a pointer to memory.
+      for (const Occupant* o : candidates) {
+        if (!occupied_at(*o, window, w.position)) continue;
+        // Two parameters of one node into one block are one touch. The
+        // runtimes list a node's accesses together.
+        bool seen = false;
+        for (auto r = record.writes.rbegin(); r != record.writes.rend() && !seen; ++r) {
+          if (r->position != w.position) break;
+          seen = r->mode == AccessMode::kTouch && r->writer.sequence == o->block.sequence;
+        }
+        if (!seen) {
+          record.writes.push_back(
+              {o->block.span(), o->block, w.position, op, w.evidence, AccessMode::kTouch});
+        }
+        break;  // blocks do not overlap at one position
+      }
+      continue;
+    }
     for (const Occupant* o : candidates) {
       if (!occupied_at(*o, window, w.position)) continue;
       const std::uintptr_t begin = std::max(w.span.begin(), o->block.span().begin());

@@ -10,47 +10,17 @@
 #include <vector>
 
 #include "capture_test_support.hpp"
+#include "replay_orders.hpp"
 
 namespace capalloc::testing {
 namespace {
-
-// Which node the next replays run as late as the edges allow (none: capture
-// order). The host runtime asks it at each launch_graph.
-struct ReplayOrder {
-  std::optional<std::size_t> late;
-
-  // All nodes that do not depend on `late` (in capture order), then `late`,
-  // then those that do: a valid order, as late as possible for `late`.
-  std::vector<std::size_t> order(const std::vector<std::vector<std::size_t>>& deps) const {
-    const std::size_t n = deps.size();
-    std::vector<bool> after(n, false);
-    if (late && *late < n) {
-      after[*late] = true;
-      for (std::size_t i = *late + 1; i < n; ++i) {
-        for (std::size_t d : deps[i]) after[i] = after[i] || after[d];
-      }
-    }
-    std::vector<std::size_t> out;
-    for (std::size_t i = 0; i < n; ++i) {
-      if (!after[i]) out.push_back(i);
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      if (after[i]) out.push_back(i);
-    }
-    return out;
-  }
-};
 
 struct OrderedWorld {
   std::shared_ptr<ReplayOrder> control = std::make_shared<ReplayOrder>();
   World w{runtime(control)};
 
   static std::shared_ptr<DeviceRuntime> runtime(std::shared_ptr<ReplayOrder> control) {
-    HostRuntimeOptions options;
-    options.replay_order = [control](const std::vector<std::vector<std::size_t>>& deps) {
-      return control->order(deps);
-    };
-    auto rt = make_host_runtime(options);
+    auto rt = make_host_runtime(ordered_host_options(std::move(control)));
     REQUIRE_OK(rt);
     return *rt;
   }

@@ -5,6 +5,8 @@
 #define CAPALLOC_ALLOCATOR_RUNTIME_DECLARED_ACCESSES_HPP_
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "capalloc/runtime.hpp"
@@ -28,6 +30,31 @@ inline void append_declared_accesses(const KernelLaunch& kernel, std::size_t pos
       out.push_back(GraphWrite{.span = span, .position = position, .op = kernel.name,
                                .evidence = WriteEvidence::kDeclared, .mode = list.mode});
     }
+  }
+}
+
+// True when the kernel declares any access (then its declarations, not its
+// parameters, describe it).
+inline bool declares_accesses(const KernelLaunch& kernel) {
+  return !kernel.reads.empty() || !kernel.writes.empty() || !kernel.updates.empty() ||
+         !kernel.state.empty();
+}
+
+// Appends one inspected touch (mode kTouch, extent 1: the tracker widens it
+// to the block the address falls in) per nonzero 8-byte-aligned word of the
+// kernel's parameter buffer: pointers passed by value, and pointers inside
+// structs passed by value. An integer that looks like an address is a
+// candidate too; the tracker keeps only candidates that point into a block.
+inline void append_parameter_touches(const KernelLaunch& kernel, std::size_t position,
+                                     std::vector<GraphWrite>& out) {
+  for (std::size_t at = 0; at + sizeof(std::uint64_t) <= kernel.params.size();
+       at += sizeof(std::uint64_t)) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, kernel.params.data() + at, sizeof(word));
+    if (word == 0) continue;
+    out.push_back(GraphWrite{.span = {reinterpret_cast<const void*>(word), 1},
+                             .position = position, .op = kernel.name,
+                             .evidence = WriteEvidence::kInspected, .mode = AccessMode::kTouch});
   }
 }
 

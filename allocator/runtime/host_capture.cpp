@@ -196,6 +196,8 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
                                  delete nodes;
                                  keep = GraphKeepAlive{};
                                }));
+    graph_of_capture_[capture->id] = graph;
+    capture_of_graph_[graph] = capture->id;
     ++next_graph_;
     return graph;
   });
@@ -230,7 +232,10 @@ absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
     const CaptureState* capture = (*st)->capture.get();
     if (capture == nullptr) return CaptureInfo{};
     return CaptureInfo{
-        .status = capture->status, .id = capture->id, .position = capture->nodes.ops.size()};
+        .status = capture->status,
+        .id = capture->id,
+        .position = capture->nodes.ops.size(),
+        .graph = static_cast<std::uintptr_t>(capture->id)};
   });
 }
 
@@ -313,10 +318,46 @@ absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
 absl::Status HostRuntime::destroy_graph(GraphHandle graph) {
   std::lock_guard lock(mu_);
   // Replays in flight hold the node list; it dies with the last of them.
-  if (graphs_.erase(graph) == 1) return absl::OkStatus();
+  if (graphs_.erase(graph) == 1) {
+    if (auto c = capture_of_graph_.find(graph); c != capture_of_graph_.end()) {
+      graph_of_capture_.erase(c->second);
+      capture_of_graph_.erase(c);
+    }
+    return absl::OkStatus();
+  }
   return absl::NotFoundError(absl::StrFormat(
       "destroy_graph: graph %d not found (never created or already destroyed)", graph));
 }
+
+namespace {
+
+// The accesses of a graph's nodes: a kernel's declared accesses, or, for one
+// that declares none, the touches its parameter buffer shows (inspected, as
+// CUDA's are); memset and memcpy destinations exact, memcpy sources read.
+std::vector<GraphWrite> accesses_of(const GraphNodes& nodes) {
+  std::vector<GraphWrite> writes;
+  for (std::size_t position = 0; position < nodes.size(); ++position) {
+    const GraphNode& node = nodes.ops[position];
+    if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
+      if (declares_accesses(*kernel)) {
+        append_declared_accesses(*kernel, position, writes);
+      } else {
+        append_parameter_touches(*kernel, position, writes);
+      }
+    } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
+      writes.push_back(GraphWrite{
+          .span = {fill->dst, fill->bytes}, .position = position, .op = "memset"});
+    } else if (const auto* copy = std::get_if<MemcpyNode>(&node)) {
+      writes.push_back(GraphWrite{.span = {copy->src, copy->bytes}, .position = position,
+                                  .op = "memcpy", .mode = AccessMode::kRead});
+      writes.push_back(GraphWrite{
+          .span = {copy->dst, copy->bytes}, .position = position, .op = "memcpy"});
+    }
+  }
+  return writes;
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle graph) {
   return without_exceptions("graph_writes", [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
@@ -330,22 +371,45 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle gr
       }
       nodes = found->second;
     }
-    std::vector<GraphWrite> writes;
-    for (std::size_t position = 0; position < nodes->size(); ++position) {
-      const GraphNode& node = nodes->ops[position];
-      if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
-        append_declared_accesses(*kernel, position, writes);
-      } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
-        writes.push_back(GraphWrite{
-            .span = {fill->dst, fill->bytes}, .position = position, .op = "memset"});
-      } else if (const auto* copy = std::get_if<MemcpyNode>(&node)) {
-        writes.push_back(GraphWrite{.span = {copy->src, copy->bytes}, .position = position,
-                                    .op = "memcpy", .mode = AccessMode::kRead});
-        writes.push_back(GraphWrite{
-            .span = {copy->dst, copy->bytes}, .position = position, .op = "memcpy"});
-      }
+    return accesses_of(*nodes);
+  });
+}
+
+absl::StatusOr<std::shared_ptr<const GraphNodes>> HostRuntime::captured_graph(
+    std::uintptr_t graph, std::string_view call) const {
+  // The host runtime names a capture's graph by the capture id: the nodes so
+  // far while it runs, the graph end_capture made until it is destroyed.
+  if (const auto live = captures_.find(graph); live != captures_.end()) {
+    return std::make_shared<const GraphNodes>(live->second->nodes);
+  }
+  if (const auto ended = graph_of_capture_.find(graph); ended != graph_of_capture_.end()) {
+    if (const auto found = graphs_.find(ended->second); found != graphs_.end()) return found->second;
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "%s: no capture graph %d (never captured, or its graph was destroyed)", call, graph));
+}
+
+absl::StatusOr<std::vector<GraphWrite>> HostRuntime::captured_graph_writes(std::uintptr_t graph) {
+  return without_exceptions("captured_graph_writes",
+                            [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
+    std::shared_ptr<const GraphNodes> nodes;
+    {
+      std::lock_guard lock(mu_);
+      auto found = captured_graph(graph, "captured_graph_writes");
+      if (!found.ok()) return found.status();
+      nodes = *std::move(found);
     }
-    return writes;
+    return accesses_of(*nodes);
+  });
+}
+
+absl::StatusOr<GraphDependencies> HostRuntime::captured_graph_dependencies(std::uintptr_t graph) {
+  return without_exceptions("captured_graph_dependencies",
+                            [&]() -> absl::StatusOr<GraphDependencies> {
+    std::lock_guard lock(mu_);
+    auto found = captured_graph(graph, "captured_graph_dependencies");
+    if (!found.ok()) return found.status();
+    return GraphDependencies{.depends_on = (*found)->depends_on};
   });
 }
 

@@ -205,6 +205,8 @@ class HostRuntime final : public DeviceRuntime {
   absl::Status destroy_graph(GraphHandle graph) override;
   absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) override;
   absl::StatusOr<GraphDependencies> graph_dependencies(GraphHandle graph) override;
+  absl::StatusOr<std::vector<GraphWrite>> captured_graph_writes(std::uintptr_t graph) override;
+  absl::StatusOr<GraphDependencies> captured_graph_dependencies(std::uintptr_t graph) override;
 
  private:
   struct DeviceSegments {
@@ -229,6 +231,10 @@ class HostRuntime final : public DeviceRuntime {
   // The graph's node order for one replay (options_.replay_order, or
   // capture order), checked against its edges.
   absl::StatusOr<std::vector<std::size_t>> replay_order(const GraphNodes& graph) const;
+  // The node list a CaptureInfo::graph names (a capture id): a copy of the
+  // capture's nodes so far, or the graph it made.
+  absl::StatusOr<std::shared_ptr<const GraphNodes>> captured_graph(std::uintptr_t graph,
+                                                                   std::string_view call) const;
   // Records the node into the stream's capture, or enqueues it to run.
   absl::Status submit(StreamHandle stream, GraphNode node);
 
@@ -241,6 +247,9 @@ class HostRuntime final : public DeviceRuntime {
   absl::flat_hash_map<EventHandle, std::shared_ptr<EventState>> events_;
   absl::flat_hash_map<CaptureId, std::shared_ptr<CaptureState>> captures_;  // not yet ended
   absl::flat_hash_map<GraphHandle, std::shared_ptr<const GraphNodes>> graphs_;
+  // The graph each ended capture made, while it exists, both ways.
+  absl::flat_hash_map<CaptureId, GraphHandle> graph_of_capture_;
+  absl::flat_hash_map<GraphHandle, CaptureId> capture_of_graph_;
   // Captures begun and not yet ended, per device of their origin stream; read
   // without mu_ on the allocator's hot path.
   std::unique_ptr<std::atomic<int>[]> active_captures_;

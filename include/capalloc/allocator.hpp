@@ -129,6 +129,8 @@ struct BlockEvent {
   // capture position at which the event happens.
   CaptureId capture = 0;
   std::size_t position = 0;
+  // The graph that capture is building (CaptureInfo::graph; 0: none).
+  std::uintptr_t capture_graph = 0;
 };
 
 // Observes allocations made on capturing streams, frees made while a capture
@@ -144,6 +146,12 @@ class CaptureListener {
   // begin_allocate_to_pool) is gone: the capture failed, or the graph and its
   // executable graphs were destroyed (DeviceRuntime::watch_capture_graph).
   virtual void on_capture_graph_gone(CaptureId capture) { (void)capture; }
+  // end_allocate_to_pool(capture) ended the capture's route: the capture-end
+  // hook of a host application that captures natively (PyTorch calls it
+  // right after ending the capture, before it destroys the graph), when the
+  // graph can still be inspected. Called without the allocator's lock: the
+  // listener may call the allocator and the runtime.
+  virtual void on_capture_pool_end(CaptureId capture) { (void)capture; }
 };
 
 class CAPALLOC_API Allocator {

@@ -86,6 +86,11 @@ struct RecordedWrite {
                               // valid for the life of the process)
   WriteEvidence evidence = WriteEvidence::kDeclared;
   AccessMode mode = AccessMode::kWrite;  // footprint records count as kWrite
+  // A touch (mode kTouch) taken to write the block whole: the first use, in
+  // the graph's order, of a block allocated during this capture (its contents
+  // are undefined until then). Inference may lower a finding's severity to
+  // `possible`; it never removes bytes from one.
+  bool inferred_write = false;
 };
 
 struct WriteRecord {
@@ -145,6 +150,9 @@ struct Finding {
   bool order_from_edges = false;
   std::string order;
   std::vector<std::size_t> order_path;
+  // Whether the harm rests on an access whose mode the evidence does not give
+  // (an inspected touch): it may happen, and the finding is `possible`.
+  bool mode_unknown = false;
   // Why this severity: which graph reads the victim before writing it, or
   // that every graph using it writes it first (an output or scratch).
   std::string severity_reason;

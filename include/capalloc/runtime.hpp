@@ -78,6 +78,11 @@ struct CaptureInfo {
   // Number of operations (graph nodes) recorded into the capture so far: the
   // capture position of whatever the caller does next.
   std::size_t position = 0;
+  // The graph the capture is building (CUDA's cudaGraph_t from
+  // cudaStreamGetCaptureInfo), valid until that graph is destroyed, which for
+  // a capture ended natively may be right after its end (PyTorch destroys it
+  // once instantiated). 0 when not capturing.
+  std::uintptr_t graph = 0;
 };
 
 // How a write in a graph is known.
@@ -96,6 +101,8 @@ enum class AccessMode {
   kReadWrite,  // reads it, then writes it: an in-place update
   kState,      // reads it before writing it and expects what it wrote in one
                // replay to be there at the next (the split-K semaphore)
+  kTouch,      // uses it in a way the evidence does not say (a pointer found in
+               // a kernel's parameters): may read it, may write it
 };
 
 // One access of a graph: the span, the node that makes it and its position.
@@ -131,6 +138,12 @@ struct GraphDependencies {
 
 struct KernelLaunch {
   std::string name{};
+  // The kernel's parameter buffer, as CUDA keeps kernelParams: each parameter
+  // by value at its natural alignment, pointers as 8-byte words, structs with
+  // their fields. The host runtime inspects it as CUDA's parameters are
+  // inspected (every 8-byte-aligned word that points into a block is a touch
+  // of that block) for kernels that declare no access.
+  std::vector<std::byte> params{};
   std::vector<MemorySpan> reads{};
   std::vector<MemorySpan> writes{};   // written whole before read: outputs, scratch
   std::vector<MemorySpan> updates{};  // read, then written in place
@@ -214,6 +227,21 @@ class CAPALLOC_API DeviceRuntime {
   // The accesses the graph's replays make (writes, and the reads it knows
   // of), as far as this runtime can tell.
   virtual absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle graph) = 0;
+
+  // The accesses and edges of the graph a capture built, named by
+  // CaptureInfo::graph: what inspection of a natively ended capture can see
+  // before its graph is destroyed (PyTorch's capture-end hook). The caller
+  // must know that graph still exists (CUDA cannot tell a destroyed one).
+  // Errors: kNotFound where the runtime can tell; kUnimplemented where it
+  // cannot inspect graphs it did not capture.
+  virtual absl::StatusOr<std::vector<GraphWrite>> captured_graph_writes(std::uintptr_t graph) {
+    (void)graph;
+    return absl::UnimplementedError("captured_graph_writes: not available on this runtime");
+  }
+  virtual absl::StatusOr<GraphDependencies> captured_graph_dependencies(std::uintptr_t graph) {
+    (void)graph;
+    return absl::UnimplementedError("captured_graph_dependencies: not available on this runtime");
+  }
 
   // The graph's nodes and the edges between them, as the runtime's graph has
   // them (not the order of capture). kUnimplemented where the runtime cannot

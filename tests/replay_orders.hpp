@@ -1,0 +1,59 @@
+// tests/replay_orders.hpp: replay orders for the host runtime's
+// HostRuntimeOptions::replay_order, as the tests that prove verdicts against
+// replays use them: capture order, or one node run as late as the graph's
+// edges allow (so that each possible last writer gets its turn).
+#ifndef CAPALLOC_TESTS_REPLAY_ORDERS_HPP_
+#define CAPALLOC_TESTS_REPLAY_ORDERS_HPP_
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "capalloc/runtime.hpp"
+
+namespace capalloc::testing {
+
+// Every node that does not depend on `late` (in capture order), then `late`,
+// then the nodes that do: an order the edges allow, with `late` as late as
+// they let it run. No `late`: capture order.
+inline std::vector<std::size_t> late_order(const std::vector<std::vector<std::size_t>>& deps,
+                                           std::optional<std::size_t> late) {
+  const std::size_t n = deps.size();
+  std::vector<bool> after(n, false);
+  if (late && *late < n) {
+    after[*late] = true;
+    // Edges point to earlier positions, so one pass in capture order finds
+    // every node with a path from `late`.
+    for (std::size_t i = *late + 1; i < n; ++i) {
+      for (std::size_t d : deps[i]) after[i] = after[i] || after[d];
+    }
+  }
+  std::vector<std::size_t> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!after[i]) out.push_back(i);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (after[i]) out.push_back(i);
+  }
+  return out;
+}
+
+// Which node the next replays run late; shared with the runtime's option.
+struct ReplayOrder {
+  std::optional<std::size_t> late;
+};
+
+// Host runtime options whose replays follow `control`.
+inline HostRuntimeOptions ordered_host_options(std::shared_ptr<ReplayOrder> control) {
+  HostRuntimeOptions options;
+  options.replay_order = [control](const std::vector<std::vector<std::size_t>>& deps) {
+    return late_order(deps, control->late);
+  };
+  return options;
+}
+
+}  // namespace capalloc::testing
+
+#endif  // CAPALLOC_TESTS_REPLAY_ORDERS_HPP_
