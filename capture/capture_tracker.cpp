@@ -59,6 +59,10 @@ CaptureTracker::~CaptureTracker() {
 }
 
 Allocator& CaptureTracker::allocator() const { return *impl_->allocator; }
+TrackerWork CaptureTracker::work() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->work;
+}
 bool CaptureTracker::strict() const { return impl_->strict.load(); }
 void CaptureTracker::set_strict(bool strict) { impl_->strict = strict; }
 bool CaptureTracker::strict_possible() const { return impl_->strict_possible.load(); }

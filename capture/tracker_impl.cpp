@@ -166,7 +166,9 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
 // and the most recent steps.
 void CaptureTracker::Impl::complete_finding(Finding& f) const {
   std::vector<detail::VictimAccess> accesses;
-  for (auto [graph, i] : index.overlapping(device_of(f), f.victim.span())) {
+  const auto overlapping = index.overlapping(device_of(f), f.victim.span());
+  work.accesses += overlapping.size();
+  for (auto [graph, i] : overlapping) {
     auto it = records.find(graph);
     if (it == records.end()) continue;
     const RecordedWrite& a = it->second->record.writes[i];
@@ -201,13 +203,19 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
   }
   std::vector<Finding> out;
   for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
-    detail::find_clobbers(r, victim, r.writes_overlapping(victim.span()), out);
+    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    ++work.victims;
+    work.accesses += candidates.size();
+    detail::find_clobbers(r, victim, candidates, out);
   }
   // Stale reads: live blocks now holding bytes the graph reads through
   // another block (the common case, a read through its own live block,
   // finds nothing).
   for (const BlockRef& victim : live_victims(r.record.device, std::move(read_spans))) {
-    detail::find_stale_reads(r, victim, r.writes_overlapping(victim.span()), out);
+    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    ++work.victims;
+    work.accesses += candidates.size();
+    detail::find_stale_reads(r, victim, candidates, out);
   }
   for (Finding& f : out) complete_finding(f);
   detail::sort_findings(out);
@@ -273,6 +281,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   }
   auto indexed = std::make_unique<IndexedRecord>(std::move(record), std::move(order));
   const IndexedRecord& r = *indexed;
+  ++work.records;
   index.add(r);
   count_writers(r.record, +1);
   records.emplace(graph, std::move(indexed));
@@ -303,6 +312,8 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
     }
     for (auto& [g, candidates] : by_graph) {
       std::sort(candidates.begin(), candidates.end());
+      ++work.victims;
+      work.accesses += candidates.size();
       const std::size_t before = findings.size();
       detail::find_clobbers(*records.at(g), victim, candidates, findings);
       detail::find_stale_reads(*records.at(g), victim, candidates, findings);

@@ -111,6 +111,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // the history keeps them (for reuse chains) while their graphs exist.
   absl::flat_hash_map<std::uint64_t, int> writer_refs;
   std::size_t history_after_prune = 0;
+  mutable TrackerWork work;  // guarded by mu
 
 
   void on_block_event(const BlockEvent& event) override;

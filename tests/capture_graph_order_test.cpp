@@ -219,3 +219,52 @@ TEST_CASE("the host runtime records the capture's edges and refuses an order tha
 
 }  // namespace
 }  // namespace capalloc::testing
+
+namespace capalloc::testing {
+namespace {
+
+// The capture-end work in one shared pool, as vLLM captures one graph per
+// batch size: `captures` graphs of 50 blocks each, most freed during their
+// capture, one in ten kept as an output. Returns the work per capture.
+double work_per_capture(int captures) {
+  World w;
+  auto pool = w.alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  std::vector<void*> outputs;
+  const TrackerWork before = w.tracker->work();
+  for (int c = 0; c < captures; ++c) {
+    w.capture(*pool, "g" + std::to_string(c), [&] {
+      std::vector<float*> mine;
+      for (int b = 0; b < 50; ++b) {
+        float* p = w.tensor(1024 * (1 + (b * 7 + c) % 5), w.side, "act");
+        KernelLaunch k;
+        k.name = "write";
+        k.writes = {{p, 4096}};
+        k.host_body = [] {};
+        w.launch(w.side, std::move(k));
+        mine.push_back(p);
+        if (b % 10 != 9 && mine.size() >= 2) {
+          w.free(mine[mine.size() - 2]);
+          mine.erase(mine.end() - 2);
+        }
+      }
+      for (float* p : mine) outputs.push_back(p);
+    });
+  }
+  const TrackerWork after = w.tracker->work();
+  CHECK(after.records - before.records == static_cast<std::uint64_t>(captures));
+  return static_cast<double>(after.accesses - before.accesses) / captures;
+}
+
+TEST_CASE("capture-end work grows with the blocks a capture involves, not with earlier captures",
+          "[capture][work]") {
+  const double at_25 = work_per_capture(25);
+  const double at_100 = work_per_capture(100);
+  INFO("accesses examined per capture: " << at_25 << " at 25 captures, " << at_100 << " at 100");
+  CHECK(at_25 > 0);
+  // Quadratic work would make the per-capture figure four times larger.
+  CHECK(at_100 <= at_25 * 1.25);
+}
+
+}  // namespace
+}  // namespace capalloc::testing

@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
   std::vector<capalloc::GraphHandle> graphs;
   std::vector<void*> outputs;
   double end_total = 0;
+  const capalloc::TrackerWork work_before = tracker->work();
   double runtime_end = 0;
   std::size_t findings = 0;
   for (int c = 0; c < captures; ++c) {
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
     graphs.push_back(done.graph);
     for (void* p : mine) outputs.push_back(p);
   }
+  const capalloc::TrackerWork work_after = tracker->work();
   // The runtime's share, measured alone on the same shape of capture.
   for (int c = 0; c < captures; ++c) {
     must(runtime->begin_capture(stream, capalloc::CaptureMode::kGlobal).status());
@@ -162,6 +164,12 @@ int main(int argc, char** argv) {
               "%.2f ms, %zu findings\n",
               captures, blocks, end_total / 1e6, runtime_end / 1e6, (end_total - runtime_end) / 1e6,
               findings, captures, check_ms, on_demand);
+  const double victims = static_cast<double>(work_after.victims - work_before.victims);
+  const double accesses = static_cast<double>(work_after.accesses - work_before.accesses);
+  std::printf("capture-end work, %d captures of %d blocks: %.0f (record, victim) evaluations, "
+              "%.0f accesses examined; per capture %.1f evaluations, %.1f accesses (flat when "
+              "the work grows linearly with the captures)\n",
+              captures, blocks, victims, accesses, victims / captures, accesses / captures);
   for (void* p : outputs) must(allocator->deallocate(p));
   for (auto g : graphs) must(tracker->destroy_graph(g));
   must(allocator->release_graph_pool(pool));

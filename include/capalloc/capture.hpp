@@ -176,6 +176,15 @@ CAPALLOC_API const char* evidence_name(WriteEvidence evidence);
 CAPALLOC_API const char* access_mode_name(AccessMode mode);
 CAPALLOC_API const char* harm_name(Harm harm);
 
+// What the alias check has done so far: counts, not times, so that tests can
+// pin how the work grows (with the blocks and nodes a capture involves, not
+// with the captures before it).
+struct TrackerWork {
+  std::uint64_t records = 0;            // write records built
+  std::uint64_t victims = 0;            // (record, live block) pairs the rule evaluated
+  std::uint64_t accesses = 0;           // recorded accesses those evaluations examined
+};
+
 struct TrackerOptions {
   // Refuse replays of graphs with hazard findings (kFailedPrecondition)
   // instead of logging a warning.
@@ -246,6 +255,8 @@ class CAPALLOC_API CaptureTracker {
   std::vector<ChainLink> reuse_chain(int device, MemorySpan span);
 
   Allocator& allocator() const;
+  // The alias check's work since the tracker was created.
+  TrackerWork work() const;
   bool strict() const;
   void set_strict(bool strict);
   // Whether strict mode also refuses `possible` findings.
