@@ -50,6 +50,15 @@ struct CaptureRoute {
   Pool* pool = nullptr;
   StreamHandle stream = kDefaultStream;  // a stream seen in the capture
   bool announced = false;                // begin_allocate_to_pool, not discovered
+  bool watched = false;                  // its graph's lifetime is watched
+};
+
+// A graph whose end the runtime will report, and whether the allocator holds
+// a reference on its pool for it (a discovered capture's graph does; an
+// announced one's pool is its announcer's to release).
+struct WatchedGraph {
+  PoolHandle pool = kDefaultPool;
+  bool holds_pool_ref = false;
 };
 
 // Captures whose graphs the runtime reported gone, from any thread
@@ -94,10 +103,14 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   PoolHandle next_pool = 1;
   std::uint64_t next_sequence = 1;
   CaptureListener* listener = nullptr;
-  // Discovered captures whose graph holds a reference to their pool, and
-  // the reports of those graphs' end (shared with the runtime's watchers,
-  // which may outlive the allocator).
-  absl::flat_hash_map<CaptureId, PoolHandle> watched_graphs;
+  // Captures whose graph's end the runtime will report (discovered ones,
+  // whose graph holds a reference to their pool, and announced ones from
+  // their first allocation), and the reports of those graphs' end (shared
+  // with the runtime's watchers, which may outlive the allocator).
+  absl::flat_hash_map<CaptureId, detail::WatchedGraph> watched_graphs;
+  // Asks the runtime to report when the graph of `capture` (being captured
+  // on `stream`) is gone; returns whether it will.
+  bool watch_graph(CaptureId capture, StreamHandle stream, PoolHandle pool, bool holds_pool_ref);
   std::shared_ptr<detail::GoneGraphs> gone_graphs = std::make_shared<detail::GoneGraphs>();
   bool unwatchable_logged = false;
 

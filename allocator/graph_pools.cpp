@@ -29,7 +29,16 @@ absl::StatusOr<Pool*> Allocator::Impl::find_graph_pool(PoolHandle handle) const 
 
 Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle stream) {
   auto it = routes.find(capture);
-  if (it != routes.end()) return it->second.pool;
+  if (it != routes.end()) {
+    // An announced capture (PyTorch's): its graph is watched too, from its
+    // first allocation, so that the tracker drops its record (and the memory
+    // the record keeps mapped) once the graph is gone.
+    if (!it->second.watched) {
+      it->second.watched = true;
+      watch_graph(capture, stream, it->second.pool->handle(), /*holds_pool_ref=*/false);
+    }
+    return it->second.pool;
+  }
   // A capture nobody announced (a host application capturing through the
   // native API): a private pool, with a reference for the graph until the
   // runtime says the graph is gone.
@@ -39,14 +48,21 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
   raw->refs = 2;  // the route's, and the unknown graph's
   devices[device].graph_pools.emplace(handle, std::move(pool));
   pool_devices.emplace(handle, device);
-  routes.emplace(capture, detail::CaptureRoute{device, raw, stream, /*announced=*/false});
+  routes.emplace(capture,
+                 detail::CaptureRoute{device, raw, stream, /*announced=*/false, /*watched=*/true});
   ++devices[device].routes;
   detail::log().info("capture {} on device {} was not announced; its allocations go to private "
                      "graph pool {}",
                      capture, device, handle);
   // The runtime says when the capture's graph is gone (or that the capture
-  // failed): then the graph's reference goes (apply_gone_graphs). The
-  // watcher only queues; it may run inside the runtime, on any thread.
+  // failed): then the graph's reference goes (apply_gone_graphs).
+  watch_graph(capture, stream, handle, /*holds_pool_ref=*/true);
+  return raw;
+}
+
+bool Allocator::Impl::watch_graph(CaptureId capture, StreamHandle stream, PoolHandle pool,
+                                  bool holds_pool_ref) {
+  // The watcher only queues; it may run inside the runtime, on any thread.
   std::weak_ptr<detail::GoneGraphs> weak = gone_graphs;
   const absl::Status watching = runtime->watch_capture_graph(stream, [weak, capture] {
     if (auto gone = weak.lock()) {
@@ -56,14 +72,16 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
     }
   });
   if (watching.ok()) {
-    watched_graphs.emplace(capture, handle);
-  } else if (!unwatchable_logged) {
+    watched_graphs.emplace(capture, detail::WatchedGraph{pool, holds_pool_ref});
+    return true;
+  }
+  if (!unwatchable_logged) {
     unwatchable_logged = true;
     detail::log().info("graph pools of captures capalloc did not begin are kept for the life of "
                        "the allocator: {}",
                        watching.ToString());
   }
-  return raw;
+  return false;
 }
 
 void Allocator::Impl::apply_gone_graphs() {
@@ -77,13 +95,14 @@ void Allocator::Impl::apply_gone_graphs() {
   for (CaptureId capture : captures) {
     auto it = watched_graphs.find(capture);
     if (it == watched_graphs.end()) continue;
-    const PoolHandle handle = it->second;
+    const detail::WatchedGraph watched = it->second;
     watched_graphs.erase(it);
     // No graph means no capture: its route, if not yet seen to end, ends now.
     if (auto route = routes.find(capture); route != routes.end() && !route->second.announced) {
       drop_route(capture);
     }
-    if (auto pool = find_graph_pool(handle); pool.ok() && (*pool)->refs > 0) {
+    if (auto pool = find_graph_pool(watched.pool);
+        watched.holds_pool_ref && pool.ok() && (*pool)->refs > 0) {
       --(*pool)->refs;
       maybe_destroy_pool(*pool);
     }
@@ -134,13 +153,20 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
   if (absl::Status s = release_segments(device, *pool); !s.ok()) {
     detail::log().error("releasing graph pool {}: {}", handle, s.ToString());
   }
+  // Memory a live graph's record still names stays, and with it the pool;
+  // empty_cache retries once those graphs are gone.
+  if (!pool->segments().empty()) return;
   pool_devices.erase(handle);
   devices[device].graph_pools.erase(handle);
 }
 
 absl::Status Allocator::Impl::release_segments(int device, Pool& pool) {
   std::vector<detail::SegmentRange> ranges;
-  pool.take_free_segments(ranges);
+  // A segment that a live graph's record reads or writes stays mapped until
+  // that graph is destroyed: a replay would touch unmapped memory.
+  pool.take_free_segments(ranges, [&](const detail::SegmentRange& r) {
+    return listener != nullptr && listener->graph_uses(device, MemorySpan{r.base, r.bytes});
+  });
   absl::Status first_error;
   for (const auto& range : ranges) {
     devices[device].segments.erase(reinterpret_cast<std::uintptr_t>(range.base));
@@ -157,8 +183,13 @@ absl::Status Allocator::Impl::release_segments(int device, Pool& pool) {
 absl::Status Allocator::Impl::release_free_segments(int device) {
   detail::DeviceState& state = devices[device];
   absl::Status result = release_segments(device, *state.default_pool);
+  std::vector<Pool*> unreferenced;
   for (auto& [handle, pool] : state.graph_pools) {
-    if (pool->refs == 0) result.Update(release_segments(device, *pool));
+    if (pool->refs == 0) unreferenced.push_back(pool.get());
+  }
+  for (Pool* pool : unreferenced) {
+    result.Update(release_segments(device, *pool));
+    maybe_destroy_pool(pool);  // one whose graphs kept memory goes once that is released
   }
   return result;
 }

@@ -182,11 +182,13 @@ void Pool::give_back(Block* block) {
   file_free(block);
 }
 
-void Pool::take_free_segments(std::vector<SegmentRange>& out) {
+void Pool::take_free_segments(std::vector<SegmentRange>& out,
+                              const std::function<bool(const SegmentRange&)>& keep_segment) {
   auto keep = segments_.begin();
   for (auto it = segments_.begin(); it != segments_.end(); ++it) {
     Segment& segment = **it;
-    if (!segment.fully_free()) {
+    if (!segment.fully_free() ||
+        keep_segment({reinterpret_cast<void*>(segment.base), segment.size})) {
       if (keep != it) *keep = std::move(*it);
       ++keep;
       continue;

@@ -21,6 +21,7 @@
 #define CAPALLOC_ALLOCATOR_POOL_HPP_
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -88,7 +89,10 @@ class Pool {
 
   // Unlinks and destroys every fully free segment, appending its range to
   // `out` for the caller to return to the runtime.
-  void take_free_segments(std::vector<SegmentRange>& out);
+  // Removes the fully free segments for which `keep` is false and appends
+  // their ranges to `out`, for the caller to release.
+  void take_free_segments(std::vector<SegmentRange>& out,
+                          const std::function<bool(const SegmentRange&)>& keep);
 
   const std::vector<std::unique_ptr<Segment>>& segments() const { return segments_; }
   const AllocatorStats& stats() const { return stats_; }

@@ -97,6 +97,10 @@ PoolHandle CaptureTracker::Impl::drop_record(GraphHandle graph) {
   waivers.erase(graph);
   auto it = records.find(graph);
   index.remove(*it->second);
+  {
+    std::lock_guard pins_lock(pins_mu);
+    pinned.remove(*it->second);
+  }
   count_writers(it->second->record, -1);
   const PoolHandle pool = it->second->record.pool;
   records.erase(it);
@@ -283,6 +287,10 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   const IndexedRecord& r = *indexed;
   ++work.records;
   index.add(r);
+  {
+    std::lock_guard pins_lock(pins_mu);
+    pinned.add(r);
+  }
   count_writers(r.record, +1);
   records.emplace(graph, std::move(indexed));
 
@@ -410,6 +418,15 @@ void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
   }
   inspected.insert_or_assign(capture, Inspection{*std::move(writes), std::move(order)});
   finish_discovered();
+}
+
+}  // namespace capalloc
+
+namespace capalloc {
+
+bool CaptureTracker::Impl::graph_uses(int device, MemorySpan span) const {
+  std::lock_guard pins_lock(pins_mu);
+  return !pinned.overlapping(device, span).empty();
 }
 
 }  // namespace capalloc

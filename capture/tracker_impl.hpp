@@ -119,6 +119,12 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // A discovered capture's capture-end hook: its graph is inspected now, and
   // its record built (inspected evidence).
   void on_capture_pool_end(CaptureId capture) override;
+  bool graph_uses(int device, MemorySpan span) const override;
+  // What graph_uses answers from: every record's accesses, as `index` holds
+  // them, under a lock of its own, which the allocator takes with its lock
+  // held (pins_mu is a leaf: nothing is called while it is held).
+  mutable std::mutex pins_mu;
+  detail::WriteIndex pinned;  // guarded by pins_mu
   // Set while this thread calls the allocator's end_allocate_to_pool with mu
   // held: its hook then has nothing to do (and must not take mu).
   static thread_local int self_calls;

@@ -5,6 +5,7 @@
 //
 // The cases fork a side stream off the capture and join it back with events,
 // as multi-stream PyTorch and vLLM graphs do.
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -264,6 +265,87 @@ TEST_CASE("capture-end work grows with the blocks a capture involves, not with e
   CHECK(at_25 > 0);
   // Quadratic work would make the per-capture figure four times larger.
   CHECK(at_100 <= at_25 * 1.25);
+}
+
+}  // namespace
+}  // namespace capalloc::testing
+
+namespace capalloc::testing {
+namespace {
+
+// The graph handle of a discovered capture's record (tracker_impl.hpp).
+GraphHandle detail_discovered(CaptureId id) { return (GraphHandle{1} << 63) | id; }
+
+TEST_CASE("empty_cache keeps memory a live graph reads until the graph is destroyed",
+          "[capture][lifetime]") {
+  World w;
+  constexpr std::size_t kFloats = std::size_t{4} << 20;  // 16 MiB: a segment of its own
+  float* input = w.tensor(kFloats, w.side, "input");
+  float* out = w.tensor(16, w.side, "out");
+  const CaptureResult done = w.capture(kDefaultPool, "reader", [&] {
+    w.launch(w.side, copy_kernel(out, input, 16));
+  });
+  const std::int64_t held = w.reserved();
+  w.free(input);  // the graph outlives its input: a stale pointer, reported...
+  REQUIRE_OK(w.alloc->empty_cache());
+  // ...but its memory stays mapped while the graph can replay.
+  CHECK(w.reserved() == held);
+  w.replay(done.graph);
+  REQUIRE_OK(w.tracker->destroy_graph(done.graph));
+  REQUIRE_OK(w.alloc->empty_cache());
+  CHECK(w.reserved() < held);
+
+  // A block no graph uses goes back at once.
+  float* unused = w.tensor(kFloats, w.side, "unused");
+  const std::int64_t with_unused = w.reserved();
+  w.free(unused);
+  REQUIRE_OK(w.alloc->empty_cache());
+  CHECK(w.reserved() < with_unused);
+  w.free(out);
+}
+
+TEST_CASE("a graph pool released while its graph lives keeps the memory the graph uses",
+          "[capture][lifetime]") {
+  // The PyTorch route: a native capture into an announced pool, whose
+  // announcer lets the pool go while the graph still exists.
+  World w;
+  auto pool = w.alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  float* out = w.tensor(16, w.side, "out");
+  auto id = w.rt->begin_capture(w.side, CaptureMode::kGlobal);
+  REQUIRE_OK(id);
+  REQUIRE_OK(w.alloc->begin_allocate_to_pool(0, *id, *pool));
+  float* t = w.tensor(std::size_t{4} << 20, w.side, "T");
+  KernelLaunch k = copy_kernel(out, t, 16);
+  k.reads.clear();
+  k.writes.clear();
+  k.params.resize(16);
+  std::memcpy(k.params.data(), &out, sizeof(out));
+  std::memcpy(k.params.data() + 8, &t, sizeof(t));
+  w.launch(w.side, std::move(k));
+  w.free(t);
+  auto graph = w.rt->end_capture(w.side);
+  REQUIRE_OK(graph);
+  REQUIRE_OK(w.alloc->end_allocate_to_pool(*id));  // the capture-end hook: inspected
+  auto record = w.tracker->write_record(detail_discovered(*id));
+  REQUIRE_OK(record);
+  CHECK(record->precision == WriteEvidence::kInspected);
+  const std::int64_t held = w.reserved();
+  REQUIRE_OK(w.alloc->release_graph_pool(*pool));
+  REQUIRE_OK(w.alloc->empty_cache());
+  CHECK(w.reserved() == held);  // the graph still reads T's memory
+  CHECK(w.pool_exists(*pool));
+  REQUIRE_OK(w.rt->launch_graph(*graph, kDefaultStream));
+  REQUIRE_OK(w.rt->synchronize_stream(kDefaultStream));
+  // The graph goes: its record goes at the next check, and the memory after.
+  REQUIRE_OK(w.rt->destroy_graph(*graph));
+  w.tracker->check();
+  CHECK(w.tracker->write_record(detail_discovered(*id)).status().code() ==
+        absl::StatusCode::kNotFound);
+  REQUIRE_OK(w.alloc->empty_cache());
+  CHECK(w.reserved() < held);
+  CHECK_FALSE(w.pool_exists(*pool));
+  w.free(out);
 }
 
 }  // namespace

@@ -152,6 +152,15 @@ class CaptureListener {
   // graph can still be inspected. Called without the allocator's lock: the
   // listener may call the allocator and the runtime.
   virtual void on_capture_pool_end(CaptureId capture) { (void)capture; }
+  // True when a live graph's record reads or writes part of `span` on
+  // `device`: empty_cache, the out-of-memory retry and the release of a graph
+  // pool then keep that memory mapped until the graph is destroyed (a replay
+  // would touch unmapped memory). Called with the allocator's lock held.
+  virtual bool graph_uses(int device, MemorySpan span) const {
+    (void)device;
+    (void)span;
+    return false;
+  }
 };
 
 class CAPALLOC_API Allocator {
