@@ -23,6 +23,15 @@ void OracleStats::add(const OracleStats& o) {
   unseen_harm += o.unseen_harm;
   for (const auto& [k, v] : o.unconfirmed) unconfirmed[k] += v;
   for (const auto& [k, v] : o.by_evidence) by_evidence[k] += v;
+  for (const auto& [k, v] : o.by_severity) by_severity[k] += v;
+}
+
+std::string OracleStats::severities() const {
+  std::string out;
+  for (const auto& [k, v] : by_severity) {
+    out += (out.empty() ? "" : ", ") + k + " " + std::to_string(v);
+  }
+  return out.empty() ? "none" : out;
 }
 
 namespace {
@@ -435,10 +444,12 @@ absl::StatusOr<std::string> check_program(const Program& p, OracleStats* stats_o
     };
     for (const auto& [v, f] : clobber) {
       ++stats.by_evidence[evidence_name(f->evidence)];
+      ++stats.by_severity[severity_name(f->severity)];
       if (!h.changed.contains(v) && !h.read_from.contains(v)) unconfirmed(*f, v, "clobber");
     }
     for (const auto& [v, f] : stale) {
       ++stats.by_evidence[evidence_name(f->evidence)];
+      ++stats.by_severity[severity_name(f->severity)];
       if (!h.read_from.contains(v)) unconfirmed(*f, v, "stale-read");
     }
   }

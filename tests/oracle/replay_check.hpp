@@ -37,8 +37,11 @@ struct OracleStats {
   // Findings the replays did not bear out, by evidence name: allowed only
   // where the evidence cannot say (footprint), and reported.
   std::map<std::string, std::uint64_t> unconfirmed;
-  // Findings by evidence name.
+  // Findings by evidence name, and by severity name.
   std::map<std::string, std::uint64_t> by_evidence;
+  std::map<std::string, std::uint64_t> by_severity;
+  // "severity: n, ..." of by_severity.
+  std::string severities() const;
 
   void add(const OracleStats& o);
 };
