@@ -139,6 +139,7 @@ void write_finding(JsonWriter& j, const Finding& f) {
   for (std::size_t node : f.order_path) j.value(static_cast<std::uint64_t>(node));
   j.end_array();
   j.end_object();
+  j.field("mode_unknown", f.mode_unknown);
   j.field("severity_reason", f.severity_reason);
   j.key("waived");
   if (f.waived) {

@@ -46,7 +46,7 @@ std::string CaptureTracker::snapshot_json() {
   Allocator& a = *m.allocator;
   detail::JsonWriter j;
   j.begin_object();
-  j.field("schema", "capalloc.snapshot/2");
+  j.field("schema", "capalloc.snapshot/3");
   j.field("runtime", a.runtime().name());
   j.field("strict", strict());
   j.key("devices").begin_array();
@@ -88,6 +88,7 @@ std::string CaptureTracker::snapshot_json() {
       j.field("device", r.device);
       j.field("pool", r.pool);
       j.field("precision", evidence_name(r.precision));
+      j.field("order", r.order_from_edges ? "edges" : "capture_order");
       j.field("writes", static_cast<std::uint64_t>(r.writes.size()));
       j.field("discovered", (r.graph & detail::kDiscoveredGraph) != 0);
       j.end_object();

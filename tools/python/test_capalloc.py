@@ -39,7 +39,7 @@ class PythonModuleTest(unittest.TestCase):
     def test_snapshot_describes_devices_blocks_and_graphs(self):
         capalloc.preallocate(0, "py.snapshot", 4096)
         state = capalloc.snapshot()
-        self.assertEqual(state["schema"], "capalloc.snapshot/2")
+        self.assertEqual(state["schema"], "capalloc.snapshot/3")
         self.assertEqual(state["runtime"], "host")
         tags = [b["tag"] for d in state["devices"] for b in d["live_blocks"]]
         self.assertIn("py.snapshot", tags)
