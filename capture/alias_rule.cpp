@@ -33,32 +33,33 @@ std::vector<const RecordedWrite*> victim_accesses(const IndexedRecord& record,
 // clobber (any read not ordered before the clobber, unless a whole write
 // through the victim lies between them on a path of edges). At one node a
 // read comes before a write. Touches count as reads and never restore;
-// `with_inferred`: inferred writes (first touches of blocks born in the
-// capture) count as whole writes instead.
-bool writes_whole(const RecordedWrite& a, bool with_inferred) {
-  return a.mode == AccessMode::kWrite || (with_inferred && a.inferred_write);
+// `optimistic`: every touch (its mode unknown; the first touch of a block
+// born in the capture is even inferred to write) counts as a whole write
+// instead: the harm left then is harm no unknown mode could prevent.
+bool writes_whole(const RecordedWrite& a, bool optimistic) {
+  return a.mode == AccessMode::kWrite || (optimistic && a.mode == AccessMode::kTouch);
 }
 
 std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
                                        MemorySpan range, std::size_t clobber,
-                                       bool with_inferred) {
+                                       bool optimistic) {
   const GraphOrder& order = record.order;
   const std::vector<const RecordedWrite*> own = victim_accesses(record, victim, range);
   std::vector<MemorySpan> restored;
   for (const RecordedWrite* a : own) {
-    if (writes_whole(*a, with_inferred) && order.before(clobber, a->position)) {
+    if (writes_whole(*a, optimistic) && order.before(clobber, a->position)) {
       restored.push_back(a->span);
     }
   }
   std::vector<MemorySpan> harmed = subtract(range, restored);
   for (const RecordedWrite* a : own) {
-    if (writes_whole(*a, with_inferred) || a->position == clobber ||
+    if (writes_whole(*a, optimistic) || a->position == clobber ||
         order.before(a->position, clobber)) {
       continue;
     }
     std::vector<MemorySpan> between;
     for (const RecordedWrite* w : own) {
-      if (writes_whole(*w, with_inferred) && order.before(clobber, w->position) &&
+      if (writes_whole(*w, optimistic) && order.before(clobber, w->position) &&
           order.before(w->position, a->position)) {
         between.push_back(w->span);
       }
@@ -72,14 +73,14 @@ std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockR
 
 // The bytes of `range`, read through some block by node `reader`, that no
 // whole write (through any block) ordered before the read provides in every
-// replay: those come from outside the replay. `with_inferred`: inferred
-// writes provide bytes too.
+// replay: those come from outside the replay. `optimistic`: touches
+// ordered before the read may provide bytes too.
 std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpan range,
-                                          std::size_t reader, bool with_inferred) {
+                                          std::size_t reader, bool optimistic) {
   std::vector<MemorySpan> earlier;
   for (std::size_t i : record.writes_overlapping(range)) {
     const RecordedWrite& w = record.record.writes[i];
-    if (writes_whole(w, with_inferred) && record.order.before(w.position, reader)) {
+    if (writes_whole(w, optimistic) && record.order.before(w.position, reader)) {
       earlier.push_back(w.span);
     }
   }
@@ -279,7 +280,9 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
           const RecordedWrite& w = *accesses[j].access;
           if (!order.before(w.position, a.position)) continue;
           if (w.mode == AccessMode::kWrite) definite.push_back(w.span);
-          if (w.mode == AccessMode::kWrite || w.inferred_write) inferred.push_back(w.span);
+          if (w.mode == AccessMode::kWrite || w.mode == AccessMode::kTouch) {
+            inferred.push_back(w.span);
+          }
         }
         if (covers(std::move(definite), piece)) continue;
         if (a.mode == AccessMode::kTouch) {
@@ -290,8 +293,8 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
         }
         if (covers(std::move(inferred), piece)) {
           uncertain = absl::StrFormat(
-              "%s reads the victim after a touch taken to write it (%s at node %d)", label, a.op,
-              a.position);
+              "%s reads the victim after a touch that may have written it (%s at node %d)", label,
+              a.op, a.position);
           continue;
         }
         return hazard(absl::StrFormat(
@@ -495,7 +498,7 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     const bool footprint = w.evidence == WriteEvidence::kFootprint;
     const std::vector<MemorySpan> left =
         footprint ? std::vector<MemorySpan>{overlap}
-                  : left_clobbered(r, victim, overlap, w.position, /*with_inferred=*/false);
+                  : left_clobbered(r, victim, overlap, w.position, /*optimistic=*/false);
     if (left.empty()) continue;
     // Whether only a mode the evidence does not give makes this harm: the
     // clobbering access is a touch, or inferred writes would undo it.
@@ -534,7 +537,7 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     const bool footprint = a.evidence == WriteEvidence::kFootprint;
     const std::vector<MemorySpan> stale =
         footprint ? std::vector<MemorySpan>{overlap}
-                  : read_from_outside(r, overlap, a.position, /*with_inferred=*/false);
+                  : read_from_outside(r, overlap, a.position, /*optimistic=*/false);
     if (stale.empty()) continue;
     const bool unknown = !footprint && (a.mode == AccessMode::kTouch ||
                                         read_from_outside(r, overlap, a.position, true).empty());

@@ -334,7 +334,10 @@ namespace {
 // The accesses of a graph's nodes: a kernel's declared accesses, or, for one
 // that declares none, the touches its parameter buffer shows (inspected, as
 // CUDA's are); memset and memcpy destinations exact, memcpy sources read.
-std::vector<GraphWrite> accesses_of(const GraphNodes& nodes) {
+// `copies`: the evidence of memset and memcpy nodes: declared for a graph
+// captured through this runtime's calls, inspected when read from a graph
+// named by CaptureInfo::graph (as a GPU runtime reads a native graph).
+std::vector<GraphWrite> accesses_of(const GraphNodes& nodes, WriteEvidence copies) {
   std::vector<GraphWrite> writes;
   for (std::size_t position = 0; position < nodes.size(); ++position) {
     const GraphNode& node = nodes.ops[position];
@@ -345,13 +348,13 @@ std::vector<GraphWrite> accesses_of(const GraphNodes& nodes) {
         append_parameter_touches(*kernel, position, writes);
       }
     } else if (const auto* fill = std::get_if<MemsetNode>(&node)) {
-      writes.push_back(GraphWrite{
-          .span = {fill->dst, fill->bytes}, .position = position, .op = "memset"});
+      writes.push_back(GraphWrite{.span = {fill->dst, fill->bytes}, .position = position,
+                                  .op = "memset", .evidence = copies});
     } else if (const auto* copy = std::get_if<MemcpyNode>(&node)) {
       writes.push_back(GraphWrite{.span = {copy->src, copy->bytes}, .position = position,
-                                  .op = "memcpy", .mode = AccessMode::kRead});
-      writes.push_back(GraphWrite{
-          .span = {copy->dst, copy->bytes}, .position = position, .op = "memcpy"});
+                                  .op = "memcpy", .evidence = copies, .mode = AccessMode::kRead});
+      writes.push_back(GraphWrite{.span = {copy->dst, copy->bytes}, .position = position,
+                                  .op = "memcpy", .evidence = copies});
     }
   }
   return writes;
@@ -371,7 +374,7 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle gr
       }
       nodes = found->second;
     }
-    return accesses_of(*nodes);
+    return accesses_of(*nodes, WriteEvidence::kDeclared);
   });
 }
 
@@ -399,7 +402,7 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::captured_graph_writes(std::
       if (!found.ok()) return found.status();
       nodes = *std::move(found);
     }
-    return accesses_of(*nodes);
+    return accesses_of(*nodes, WriteEvidence::kInspected);
   });
 }
 

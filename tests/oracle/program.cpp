@@ -17,6 +17,7 @@ const char* op_name(OpKind k) {
     case OpKind::kUpdate: return "update";
     case OpKind::kMemset: return "memset";
     case OpKind::kJoin: return "join";
+    case OpKind::kCopy: return "memcpy";
   }
   return "?";
 }
@@ -77,12 +78,12 @@ Program generate(std::mt19937_64& rng, const GenerateOptions& options) {
     int recent = -1;  // the block allocated last: used more often
     const int ops = 2 + static_cast<int>(pick(14)) + 2 * (cp.streams - 1);
     for (int k = 0; k < ops; ++k) {
-      const std::size_t roll = pick(12);
+      const std::size_t roll = pick(13);
       // Work goes to a joined stream; a join forks a new one or orders two.
       auto it_stream = joined.begin();
       std::advance(it_stream, static_cast<std::ptrdiff_t>(pick(joined.size())));
       const int stream = *it_stream;
-      if (roll >= 10 && cp.streams > 1) {
+      if (roll >= 10 && roll < 12 && cp.streams > 1) {
         const int to = static_cast<int>(pick(static_cast<std::size_t>(cp.streams)));
         if (to != stream) {
           cp.ops.push_back({OpKind::kJoin, 0, 0, 0, stream, to});
@@ -112,10 +113,11 @@ Program generate(std::mt19937_64& rng, const GenerateOptions& options) {
         std::size_t lo = pick(floats), hi = pick(floats + 1);
         if (lo > hi) std::swap(lo, hi);
         if (hi == lo) ++hi;  // lo < floats: a range of one float at least
-        const OpKind kind = roll < 7   ? OpKind::kWrite
-                            : roll < 8 ? OpKind::kMemset
-                            : roll < 9 ? OpKind::kRead
-                                       : OpKind::kUpdate;
+        const OpKind kind = roll < 7    ? OpKind::kWrite
+                            : roll < 8  ? OpKind::kMemset
+                            : roll < 9  ? OpKind::kRead
+                            : roll < 12 ? OpKind::kUpdate
+                                        : OpKind::kCopy;
         cp.ops.push_back({kind, it->first, lo, hi, stream, 0});
       }
     }

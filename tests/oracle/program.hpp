@@ -5,7 +5,8 @@
 // shared pool or private pools), each on 1 to 4 streams that fork from the
 // origin stream and join back with events, of allocations, frees, kernels
 // that write, read (into a sink block of their own) or update random ranges
-// of live blocks, and memsets; then frees eager blocks and allocates new
+// of live blocks, memsets, and memcpys out of live blocks; then frees eager
+// blocks and allocates new
 // ones. Each capture is begun through capalloc's tracker (declared evidence)
 // or natively through the runtime, as PyTorch does (footprint evidence).
 #ifndef CAPALLOC_TESTS_ORACLE_PROGRAM_HPP_
@@ -19,7 +20,13 @@
 
 namespace capalloc::oracle {
 
-enum class OpKind { kAlloc, kFree, kWrite, kRead, kUpdate, kMemset, kJoin };
+// kRead and kCopy both copy a range of a block into the capture's sink: a
+// kernel that declares (or, natively, points at) it, and a memcpy node.
+enum class OpKind { kAlloc, kFree, kWrite, kRead, kUpdate, kMemset, kJoin, kCopy };
+// Whether the op copies what it reads into the sink.
+inline bool reads_into_sink(OpKind k) {
+  return k == OpKind::kRead || k == OpKind::kUpdate || k == OpKind::kCopy;
+}
 const char* op_name(OpKind kind);
 
 struct Op {

@@ -54,7 +54,7 @@ struct Node {
   OpKind kind;
   int block;
   std::size_t lo, hi;
-  int sink_block;           // kRead, kUpdate: where it copies what it read
+  int sink_block;           // kRead, kUpdate, kCopy: where it copies what it read
   std::size_t sink_offset;  // in floats
   int id;                   // its code
 };
@@ -185,9 +185,13 @@ absl::Status issue(const CaptureProgram& c, int sink, int& node_id, Run& r, Grap
     }
     if (op.hi > r.floats[op.block] || op.lo >= op.hi) continue;
     Node n{op.kind, op.block, op.lo, op.hi, sink, sink_at, node_id++};
-    if (op.kind == OpKind::kRead || op.kind == OpKind::kUpdate) sink_at += op.hi - op.lo;
+    if (reads_into_sink(op.kind)) sink_at += op.hi - op.lo;
     if (op.kind == OpKind::kMemset) {
       CAPALLOC_RETURN_IF_ERROR(r.rt->memset_async(r.ptr[op.block] + op.lo, memset_byte(n.id),
+                                                  (op.hi - op.lo) * sizeof(float), s));
+    } else if (op.kind == OpKind::kCopy) {
+      CAPALLOC_RETURN_IF_ERROR(r.rt->memcpy_async(r.ptr.at(sink) + n.sink_offset,
+                                                  r.ptr[op.block] + op.lo,
                                                   (op.hi - op.lo) * sizeof(float), s));
     } else {
       CAPALLOC_RETURN_IF_ERROR(r.rt->launch_kernel(s, kernel_for(n, r, c.route)));
@@ -220,7 +224,7 @@ absl::Status build(const Program& p, Run& r) {
     const CaptureProgram& c = p.captures[ci];
     std::size_t sink_floats = 1;
     for (const Op& op : c.ops) {
-      if (op.kind == OpKind::kRead || op.kind == OpKind::kUpdate) sink_floats += op.hi - op.lo;
+      if (reads_into_sink(op.kind)) sink_floats += op.hi - op.lo;
     }
     const int sink = max_id + 1000 + static_cast<int>(ci);
     CAPALLOC_RETURN_IF_ERROR(allocate(r, sink, sink_floats, kDefaultStream));
@@ -318,7 +322,7 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
       continue;
     }
     for (std::size_t i = n.lo; i < n.hi; ++i) {
-      if (n.kind != OpKind::kWrite) mem(n.sink_block)[n.sink_offset + i - n.lo] = b[i];
+      if (reads_into_sink(n.kind)) mem(n.sink_block)[n.sink_offset + i - n.lo] = b[i];
       if (n.kind == OpKind::kWrite) b[i] = code(n.id, i);
       if (n.kind == OpKind::kUpdate) b[i] = b[i] * 0.5f + code(n.id, i);
     }
@@ -333,7 +337,7 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
   };
   std::set<int> sinks;
   for (const Node& n : g.nodes) {
-    if (n.kind == OpKind::kRead || n.kind == OpKind::kUpdate) sinks.insert(n.sink_block);
+    if (reads_into_sink(n.kind)) sinks.insert(n.sink_block);
   }
   for (int b : r.live) {
     if (sinks.contains(b)) continue;  // the graph's own output: attributed below
@@ -342,7 +346,7 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
     }
   }
   for (const Node& n : g.nodes) {
-    if (n.kind != OpKind::kRead && n.kind != OpKind::kUpdate) continue;
+    if (!reads_into_sink(n.kind)) continue;
     for (std::size_t i = n.lo; i < n.hi; ++i) {
       const std::size_t s = n.sink_offset + i - n.lo;
       if (std::memcmp(&real[n.sink_block][s], &model[n.sink_block][s], sizeof(float)) == 0) {
