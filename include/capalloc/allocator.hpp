@@ -51,7 +51,7 @@ inline constexpr PoolHandle kDefaultPool = 0;
 // itself is capturing.
 enum class CaptureGuardScope { kDevice, kStream };
 
-struct AllocatorOptions {
+struct CAPALLOC_API AllocatorOptions {
   // Sizes round up to a multiple of this; a power of two, at least 256. Block
   // addresses are aligned to it as well.
   std::size_t round_granularity = 512;
@@ -138,7 +138,7 @@ struct BlockEvent {
 // allocated during a capture (nothing else: outside captures, blocks
 // allocated outside captures cost the listener nothing). Called with the
 // allocator's lock held: it must not call the allocator.
-class CaptureListener {
+class CAPALLOC_API CaptureListener {
  public:
   virtual ~CaptureListener() = default;
   virtual void on_block_event(const BlockEvent& event) = 0;

@@ -62,7 +62,7 @@ enum class Harm {
 };
 
 // A block as records and findings name it: its identity is `sequence`.
-struct BlockRef {
+struct CAPALLOC_API BlockRef {
   std::uint64_t sequence = 0;  // 0: no block (memory not allocated at the time)
   std::string_view tag;        // valid for the life of the process (see BlockInfo::tag)
   const void* ptr = nullptr;
@@ -115,7 +115,7 @@ struct ChainLink {
   std::size_t freed_at = 0;        // ... at this capture position
 };
 
-struct Finding {
+struct CAPALLOC_API Finding {
   GraphHandle graph = 0;
   std::string graph_label;
   CaptureId capture = 0;
@@ -185,7 +185,7 @@ struct TrackerWork {
   std::uint64_t accesses = 0;           // recorded accesses those evaluations examined
 };
 
-struct TrackerOptions {
+struct CAPALLOC_API TrackerOptions {
   // Refuse replays of graphs with hazard findings (kFailedPrecondition)
   // instead of logging a warning.
   bool strict = false;

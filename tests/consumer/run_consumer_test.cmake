@@ -5,11 +5,15 @@
 #   3. builds it, and 4. runs both consumer programs with CAPALLOC_RUNTIME=host.
 # Any failing step fails the test.
 #
+# The README's C++ examples (every ```cpp block of README_FILE) are written
+# out verbatim as readme_1.cpp, readme_2.cpp, ... and built and run with them.
+#
 # Inputs (-D): BUILD_DIR, SOURCE_DIR (tests/consumer), WORK_DIR, CXX_COMPILER,
-# C_COMPILER, BUILD_TYPE, GENERATOR, SANITIZE (CAPALLOC_SANITIZE of the build).
+# C_COMPILER, BUILD_TYPE, GENERATOR, SANITIZE (CAPALLOC_SANITIZE of the build),
+# README_FILE.
 cmake_minimum_required(VERSION 3.25)
 
-foreach(var BUILD_DIR SOURCE_DIR WORK_DIR CXX_COMPILER C_COMPILER)
+foreach(var BUILD_DIR SOURCE_DIR WORK_DIR CXX_COMPILER C_COMPILER README_FILE)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "run_consumer_test.cmake: -D${var}=... is required")
   endif()
@@ -36,6 +40,34 @@ function(run_step name)
   endif()
 endfunction()
 
+# 0. The README's examples, as the reader sees them.
+set(readme_dir "${WORK_DIR}/readme")
+file(MAKE_DIRECTORY "${readme_dir}")
+file(READ "${README_FILE}" readme)
+set(readme_programs)
+set(n 0)
+while(TRUE)
+  string(FIND "${readme}" "```cpp\n" open_at)
+  if(open_at EQUAL -1)
+    break()
+  endif()
+  math(EXPR body_at "${open_at} + 7")
+  string(SUBSTRING "${readme}" ${body_at} -1 readme)
+  string(FIND "${readme}" "\n```" close_at)
+  if(close_at EQUAL -1)
+    message(FATAL_ERROR "consumer_find_package: an unclosed ```cpp block in ${README_FILE}")
+  endif()
+  string(SUBSTRING "${readme}" 0 ${close_at} body)
+  string(SUBSTRING "${readme}" ${close_at} -1 readme)
+  math(EXPR n "${n} + 1")
+  file(WRITE "${readme_dir}/readme_${n}.cpp" "${body}\n")
+  list(APPEND readme_programs readme_${n})
+endwhile()
+if(n EQUAL 0)
+  message(FATAL_ERROR "consumer_find_package: no ```cpp block in ${README_FILE}")
+endif()
+message(STATUS "consumer_find_package: ${n} C++ example(s) from the README")
+
 # 1. Install.
 run_step("install into ${prefix}"
   "${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}" ${config_args})
@@ -59,6 +91,7 @@ run_step("configure tests/consumer"
   "-DCMAKE_BUILD_TYPE=${consumer_type}"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_C_COMPILER=${C_COMPILER}"
+  "-DREADME_EXAMPLES_DIR=${readme_dir}"
   ${flag_args})
 
 # The package must come from the scratch prefix, not from the build tree or
@@ -82,7 +115,7 @@ run_step("build tests/consumer"
 # 4. Run. Single-config generators put the programs at the top of the build
 # tree, multi-config ones in a per-config folder.
 set(ENV{CAPALLOC_RUNTIME} host)
-foreach(program consumer_cpp consumer_c)
+foreach(program consumer_cpp consumer_c ${readme_programs})
   set(exe "${consumer_build}/${program}")
   if(NOT EXISTS "${exe}")
     set(exe "${consumer_build}/${consumer_type}/${program}")
