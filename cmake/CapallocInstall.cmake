@@ -20,3 +20,11 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/capallocConfigVersi
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/capallocConfig.cmake
   ${CMAKE_CURRENT_BINARY_DIR}/capallocConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/capalloc)
+
+# capalloc.pc, for builds that use pkg-config rather than CMake. Its prefix
+# is found from the file's own location (${pcfiledir}).
+file(RELATIVE_PATH CAPALLOC_PC_PREFIX_FROM_PCDIR
+  "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+configure_file(cmake/capalloc.pc.in ${CMAKE_CURRENT_BINARY_DIR}/capalloc.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/capalloc.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
