@@ -1,5 +1,5 @@
 // capture/findings.cpp: how findings read, as text and as JSON (the schema
-// is documented in docs/findings.md), and the JSON writer's details.
+// is documented in docs/findings.md).
 #include <cmath>
 #include <cstdio>
 
@@ -14,50 +14,7 @@ namespace capalloc {
 
 namespace detail {
 
-JsonWriter& JsonWriter::value(double v) {
-  separate();
-  if (!std::isfinite(v)) {
-    out_ += "null";
-  } else {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    out_ += buf;
-    // Keep integral values recognisably floating point: 6.0, not 6.
-    if (std::string_view(buf).find_first_of(".eEn") == std::string_view::npos) out_ += ".0";
-  }
-  return *this;
-}
 
-JsonWriter& JsonWriter::pointer(const void* p) {
-  return value(absl::StrFormat("%p", p == nullptr ? reinterpret_cast<const void*>(0) : p));
-}
-
-void JsonWriter::string(std::string_view s) {
-  out_ += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out_ += "\\\"";
-        break;
-      case '\\':
-        out_ += "\\\\";
-        break;
-      case '\n':
-        out_ += "\\n";
-        break;
-      case '\t':
-        out_ += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out_ += absl::StrFormat("\\u%04x", static_cast<int>(c));
-        } else {
-          out_ += c;
-        }
-    }
-  }
-  out_ += '"';
-}
 
 namespace {
 

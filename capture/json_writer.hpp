@@ -1,93 +1,62 @@
-// capture/json_writer.hpp: a minimal streaming JSON writer for findings,
-// snapshots and CLI output. Commas and escaping are handled here so callers
-// only say what goes where.
+// capture/json_writer.hpp: the JSON writer of findings, snapshots and CLI
+// output. Callers say what goes where (begin_object, key, value, ...); the
+// document is built with nlohmann-json and printed compactly, keys in the
+// order written. Output is always valid UTF-8: invalid bytes in a string (a
+// tag is the caller's bytes) are replaced by U+FFFD, as nlohmann-json's
+// `replace` error handler does. Non-finite doubles print as null.
 #ifndef CAPALLOC_CAPTURE_JSON_WRITER_HPP_
 #define CAPALLOC_CAPTURE_JSON_WRITER_HPP_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace capalloc::detail {
 
 class JsonWriter {
  public:
-  JsonWriter& begin_object() { return open('{'); }
-  JsonWriter& end_object() { return close('}'); }
-  JsonWriter& begin_array() { return open('['); }
-  JsonWriter& end_array() { return close(']'); }
+  JsonWriter& begin_object() { return open(nlohmann::ordered_json::object()); }
+  JsonWriter& end_object() { return close(); }
+  JsonWriter& begin_array() { return open(nlohmann::ordered_json::array()); }
+  JsonWriter& end_array() { return close(); }
   JsonWriter& key(std::string_view k) {
-    separate();
-    string(k);
-    out_ += ':';
-    after_key_ = true;
+    key_ = std::string(k);
     return *this;
   }
-  JsonWriter& value(std::string_view v) {
-    separate();
-    string(v);
-    return *this;
-  }
+  JsonWriter& value(std::string_view v) { return place(std::string(v)); }
   JsonWriter& value(const char* v) { return value(std::string_view(v)); }
-  JsonWriter& value(bool v) {
-    separate();
-    out_ += v ? "true" : "false";
-    return *this;
-  }
-  JsonWriter& value(std::uint64_t v) {
-    separate();
-    out_ += std::to_string(v);
-    return *this;
-  }
-  JsonWriter& value(std::int64_t v) {
-    separate();
-    out_ += std::to_string(v);
-    return *this;
-  }
-  JsonWriter& value(int v) { return value(static_cast<std::int64_t>(v)); }
-  JsonWriter& value(double v);
-  JsonWriter& null() { return raw("null"); }
+  JsonWriter& value(const std::string& v) { return place(v); }
+  JsonWriter& value(bool v) { return place(v); }
+  JsonWriter& value(std::uint64_t v) { return place(v); }
+  JsonWriter& value(std::int64_t v) { return place(v); }
+  JsonWriter& value(int v) { return place(static_cast<std::int64_t>(v)); }
+  JsonWriter& value(double v) { return place(v); }
+  JsonWriter& null() { return place(nullptr); }
   JsonWriter& pointer(const void* p);  // "0x..." string
-  JsonWriter& raw(std::string_view json) {
-    separate();
-    out_ += json;
-    return *this;
-  }
   template <typename T>
   JsonWriter& field(std::string_view k, const T& v) {
     key(k);
     return value(v);
   }
-  const std::string& str() const { return out_; }
+  // The document so far (complete once every object and array is closed).
+  const std::string& str() const;
 
  private:
-  JsonWriter& open(char c) {
-    separate();
-    out_ += c;
-    first_.push_back(true);
-    return *this;
-  }
-  JsonWriter& close(char c) {
-    out_ += c;
-    first_.pop_back();
-    return *this;
-  }
-  void separate() {
-    if (after_key_) {
-      after_key_ = false;
-      return;
-    }
-    if (!first_.empty()) {
-      if (!first_.back()) out_ += ',';
-      first_.back() = false;
-    }
-  }
-  void string(std::string_view s);
+  JsonWriter& open(nlohmann::ordered_json container);
+  JsonWriter& close();
+  JsonWriter& place(nlohmann::ordered_json v);
 
-  std::string out_;
-  std::vector<bool> first_;
-  bool after_key_ = false;
+  nlohmann::ordered_json root_;
+  bool has_root_ = false;
+  // The open containers, outermost first. Only the innermost one grows while
+  // it is open, so the pointers stay valid.
+  std::vector<nlohmann::ordered_json*> open_;
+  std::optional<std::string> key_;
+  mutable std::string out_;
 };
 
 }  // namespace capalloc::detail

@@ -17,6 +17,8 @@ REQUIRED_PACKAGES=(
   libabsl-dev
   libspdlog-dev
   libfmt-dev
+  nlohmann-json3-dev
+  libcli11-dev
   catch2
   pkg-config
   python3

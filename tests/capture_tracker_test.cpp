@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "capture_test_support.hpp"
 #include "tools/scenarios/kernels.hpp"
 
@@ -605,4 +607,17 @@ TEST_CASE("check and findings_to_json name the reuse chain in allocation order",
   w.free(a.ws);
   CHECK(w.tracker->check().empty());
   CHECK(w.tracker->check_graph(a.result.graph)->empty());
+}
+
+TEST_CASE("JSON output stays valid UTF-8 whatever bytes a tag holds", "[capture][json]") {
+  capalloc::testing::World w;
+  const std::string bad_tag = std::string("act\xff\xfe") + "\xc3(" + "ok";
+  float* p = w.tensor(64, w.side, bad_tag);
+  const std::string json = w.tracker->snapshot_json();
+  // A strict parser rejects invalid UTF-8; the tag's bad bytes became U+FFFD.
+  nlohmann::json parsed;
+  REQUIRE_NOTHROW(parsed = nlohmann::json::parse(json));
+  CHECK(json.find("act\xef\xbf\xbd") != std::string::npos);
+  CHECK(json.find("\xff") == std::string::npos);
+  w.free(p);
 }
