@@ -35,6 +35,7 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
     // the record keeps mapped) once the graph is gone.
     if (!it->second.watched) {
       it->second.watched = true;
+      it->second.stream = stream;
       watch_graph(capture, stream, it->second.pool->handle(), /*holds_pool_ref=*/false);
     }
     return it->second.pool;
@@ -181,6 +182,15 @@ absl::Status Allocator::Impl::release_segments(int device, Pool& pool) {
 }
 
 absl::Status Allocator::Impl::release_free_segments(int device) {
+  // Nothing goes back while a capture is routed on the device (in progress,
+  // or ended and awaiting its capture-end hook): what its graph uses is not
+  // recorded yet, and freeing device memory during a capture is illegal on
+  // CUDA anyway. Routes of discovered captures that are over end first.
+  active_capture_on(device);
+  if (devices[device].routes > 0) {
+    detail::log().debug("device {}: cached memory kept: a capture is routed on it", device);
+    return absl::OkStatus();
+  }
   detail::DeviceState& state = devices[device];
   absl::Status result = release_segments(device, *state.default_pool);
   std::vector<Pool*> unreferenced;
@@ -258,9 +268,21 @@ absl::Status Allocator::end_allocate_to_pool(CaptureId capture) {
   CaptureListener* listener = nullptr;
   {
     std::lock_guard lock(m.mu);
-    if (!m.routes.contains(capture)) {
+    const auto route = m.routes.find(capture);
+    if (route == m.routes.end()) {
       return absl::NotFoundError(
           absl::StrFormat("end_allocate_to_pool: capture %d has no pool route", capture));
+    }
+    // The capture-end hook comes after the capture's end: its graph is then
+    // complete, and inspecting it earlier would see part of it.
+    if (route->second.watched) {
+      auto info = m.runtime->capture_info(route->second.stream);
+      if (info.ok() && info->status != CaptureStatus::kNone && info->id == capture) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "end_allocate_to_pool: capture %d is still active on stream 0x%x; end the capture "
+            "first (the route stays)",
+            capture, route->second.stream));
+      }
     }
     m.drop_route(capture);
     if (!m.deferred.empty() || !m.pending.empty()) m.process_pending();

@@ -71,20 +71,49 @@ std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockR
   return merged(std::move(harmed));
 }
 
-// The bytes of `range`, read through some block by node `reader`, that no
-// whole write (through any block) ordered before the read provides in every
-// replay: those come from outside the replay. `optimistic`: touches
-// ordered before the read may provide bytes too.
+// The bytes of `range` (a part of `victim`), read through another block by
+// node `reader`, that some replay order lets the read take from the victim
+// rather than from the replay's own data: those that no whole write (through
+// any block) ordered before the read provides, which come from before the
+// replay, and those that a write through the victim itself may put there
+// after the last whole write (one not ordered after the read, with no whole
+// write between it and the read on a path of edges): the victim's data,
+// written in the same replay. `optimistic`: touches may provide bytes, and
+// never write them otherwise.
 std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpan range,
-                                          std::size_t reader, bool optimistic) {
+                                          std::size_t reader, std::uint64_t victim,
+                                          bool optimistic) {
+  const GraphOrder& order = record.order;
+  const std::vector<std::size_t> overlapping = record.writes_overlapping(range);
   std::vector<MemorySpan> earlier;
-  for (std::size_t i : record.writes_overlapping(range)) {
+  for (std::size_t i : overlapping) {
     const RecordedWrite& w = record.record.writes[i];
-    if (writes_whole(w, optimistic) && record.order.before(w.position, reader)) {
+    if (writes_whole(w, optimistic) && order.before(w.position, reader)) {
       earlier.push_back(w.span);
     }
   }
-  return subtract(range, std::move(earlier));
+  std::vector<MemorySpan> stale = subtract(range, std::move(earlier));
+  for (std::size_t i : overlapping) {
+    const RecordedWrite& w = record.record.writes[i];
+    const bool may_write = w.mode != AccessMode::kRead &&
+                           (!optimistic || w.mode != AccessMode::kTouch);
+    if (!may_write || w.writer.sequence != victim || victim == 0 || w.position == reader ||
+        order.before(reader, w.position)) {
+      continue;
+    }
+    std::vector<MemorySpan> restored;  // whole writes between it and the read
+    for (std::size_t j : overlapping) {
+      const RecordedWrite& p = record.record.writes[j];
+      if (writes_whole(p, optimistic) && order.before(w.position, p.position) &&
+          order.before(p.position, reader)) {
+        restored.push_back(p.span);
+      }
+    }
+    for (const MemorySpan& s : subtract(intersect(w.span, range), std::move(restored))) {
+      stale.push_back(s);
+    }
+  }
+  return merged(std::move(stale));
 }
 
 std::string describe_path(const std::vector<std::size_t>& path) {
@@ -537,10 +566,13 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     const bool footprint = a.evidence == WriteEvidence::kFootprint;
     const std::vector<MemorySpan> stale =
         footprint ? std::vector<MemorySpan>{overlap}
-                  : read_from_outside(r, overlap, a.position, /*optimistic=*/false);
+                  : read_from_outside(r, overlap, a.position, victim.sequence,
+                                      /*optimistic=*/false);
     if (stale.empty()) continue;
     const bool unknown = !footprint && (a.mode == AccessMode::kTouch ||
-                                        read_from_outside(r, overlap, a.position, true).empty());
+                                        read_from_outside(r, overlap, a.position,
+                                                          victim.sequence, true)
+                                            .empty());
     Finding& g = add_to_finding(f, r, victim, Harm::kStaleRead, stale, out);
     g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || a.position < g.write_position) {

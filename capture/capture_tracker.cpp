@@ -110,6 +110,10 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
         "end_capture: stream 0x%x has no capture begun through this tracker", stream));
   }
   const detail::ActiveCapture capture = it->second;
+  // The capture's allocation events are noted while it is still known as
+  // begun here; drained after, they would register it as discovered too,
+  // and a second (footprint) record would follow at the next check.
+  m.drain_log();
   m.active.erase(it);
   auto graph = a.runtime().end_capture(stream);
   // Whatever the outcome, the capture no longer allocates into the pool.
@@ -187,7 +191,12 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
     return absl::NotFoundError(
         absl::StrFormat("destroy_graph: graph %d is unknown to this tracker", graph));
   }
-  if (absl::Status s = m.allocator->runtime().destroy_graph(graph); !s.ok()) return s;
+  // A graph the application already destroyed through the runtime is gone
+  // all the same: its record, findings and pool reference go too.
+  if (absl::Status s = m.allocator->runtime().destroy_graph(graph);
+      !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+    return s;
+  }
   return m.allocator->release_graph_pool(m.drop_record(graph));
 }
 

@@ -75,6 +75,16 @@ void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
   }
   if (records.contains(detail::kDiscoveredGraph | capture)) {
     drop_record(detail::kDiscoveredGraph | capture);
+    return;
+  }
+  // A graph this tracker captured, destroyed through the runtime rather than
+  // through destroy_graph: its record and pool reference go now.
+  for (const auto& [graph, record] : records) {
+    if (record->record.capture == capture && (graph & detail::kDiscoveredGraph) == 0) {
+      const GraphHandle gone = graph;
+      allocator->release_graph_pool(drop_record(gone)).IgnoreError();
+      return;
+    }
   }
 }
 

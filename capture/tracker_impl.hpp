@@ -140,8 +140,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
     detail::GraphOrder order;
   };
   absl::flat_hash_map<CaptureId, Inspection> inspected;  // guarded by mu
-  // A discovered capture's graph is gone: no record is built for it, or its
-  // record is dropped. Requires mu.
+  // A capture's graph is gone: a discovered capture gets no record, or its
+  // record is dropped; a graph this tracker captured but the application
+  // destroyed through the runtime loses its record and pool reference.
+  // Requires mu.
   void forget_discovered_graph(CaptureId capture);
   // Removes a graph's record, index entries and reported findings; returns
   // the record's pool. Requires mu; the graph must have a record.

@@ -5,7 +5,8 @@
 // says how harm is measured), and named programs that must show harm.
 //
 // CAPALLOC_ORACLE_PROGRAMS (default 10000) and CAPALLOC_ORACLE_SEED (default
-// 1) set the run; a failure prints the seed and a shrunk program.
+// 1) set the run, CAPALLOC_ORACLE_FIRST the first program's number; a failure
+// prints how to rerun it alone, and a shrunk program.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -38,9 +39,11 @@ TEST_CASE("random capture programs: every verdict agrees with the replay", "[ora
   capalloc::set_log_level("off").IgnoreError();
   const std::uint64_t programs = env_or("CAPALLOC_ORACLE_PROGRAMS", 10000);
   const std::uint64_t seed = env_or("CAPALLOC_ORACLE_SEED", 1);
+  // CAPALLOC_ORACLE_FIRST: the first program's number (to rerun one failure).
+  const std::uint64_t first = env_or("CAPALLOC_ORACLE_FIRST", 0);
   const auto start = std::chrono::steady_clock::now();
   OracleStats total;
-  for (std::uint64_t k = 0; k < programs; ++k) {
+  for (std::uint64_t k = first; k < first + programs; ++k) {
     std::mt19937_64 rng(seed * 1000003 + k);
     const Program p = generate(rng);
     OracleStats stats;
@@ -48,7 +51,8 @@ TEST_CASE("random capture programs: every verdict agrees with the replay", "[ora
     REQUIRE_OK(verdict.status());
     if (!verdict->empty()) {
       const Program small = shrink(p, fails);
-      FAIL("program " << k << " (CAPALLOC_ORACLE_SEED=" << seed << "): the verdict disagrees "
+      FAIL("program " << k << " (CAPALLOC_ORACLE_SEED=" << seed << " CAPALLOC_ORACLE_FIRST=" << k
+           << " CAPALLOC_ORACLE_PROGRAMS=1): the verdict disagrees "
            "with the replay:\n" << *verdict << "shrunk program:\n" << describe(small)
            << "its disagreement:\n" << *check_program(small));
     }
@@ -76,7 +80,7 @@ TEST_CASE("random capture programs: every verdict agrees with the replay", "[ora
   std::printf("oracle: %llu harmed pairs in native captures that allocate nothing (never seen "
               "by capalloc; not checked)\n",
               static_cast<unsigned long long>(total.unseen_harm));
-  CHECK(total.harmed * 10 >= programs);
+  if (programs >= 100) CHECK(total.harmed * 10 >= programs);
 }
 
 // Named programs through the same oracle, each through the tracker

@@ -40,16 +40,53 @@ inline std::vector<std::size_t> late_order(const std::vector<std::vector<std::si
   return out;
 }
 
-// Which node the next replays run late; shared with the runtime's option.
+// The nodes `early` depends on (in capture order), then `early`, then every
+// other node in capture order: an order the edges allow, with `early` as
+// early as they let it run (so a reader reads before every write it need not
+// follow).
+inline std::vector<std::size_t> early_order(const std::vector<std::vector<std::size_t>>& deps,
+                                            std::size_t early) {
+  const std::size_t n = deps.size();
+  if (early >= n) return late_order(deps, std::nullopt);
+  std::vector<bool> before(n, false);
+  std::vector<std::size_t> stack{early};
+  while (!stack.empty()) {
+    const std::size_t at = stack.back();
+    stack.pop_back();
+    for (std::size_t d : deps[at]) {
+      if (!before[d]) {
+        before[d] = true;
+        stack.push_back(d);
+      }
+    }
+  }
+  std::vector<std::size_t> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (before[i]) out.push_back(i);
+  }
+  out.push_back(early);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!before[i] && i != early) out.push_back(i);
+  }
+  return out;
+}
+
+// Which order the next replays take; shared with the runtime's option.
 struct ReplayOrder {
-  std::optional<std::size_t> late;
+  std::optional<std::size_t> late;   // run this node as late as possible
+  std::optional<std::size_t> early;  // or this one as early as possible
+
+  std::vector<std::size_t> order(const std::vector<std::vector<std::size_t>>& deps) const {
+    return early ? early_order(deps, *early) : late_order(deps, late);
+  }
 };
 
 // Host runtime options whose replays follow `control`.
 inline HostRuntimeOptions ordered_host_options(std::shared_ptr<ReplayOrder> control) {
   HostRuntimeOptions options;
   options.replay_order = [control](const std::vector<std::vector<std::size_t>>& deps) {
-    return late_order(deps, control->late);
+    return control->order(deps);
   };
   return options;
 }

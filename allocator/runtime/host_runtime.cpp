@@ -177,17 +177,34 @@ absl::StatusOr<void*> HostRuntime::reserve(int device, std::size_t bytes) {
 
 absl::Status HostRuntime::release(int device, void* ptr, std::size_t bytes) {
   if (auto status = check_device(device, "release"); !status.ok()) return status;
+  // As cudaFree does, release waits for the work queued on the device (a
+  // stream-ordered free may have handed the memory back while a kernel still
+  // uses it), then unmaps. Checked first, so a bad call waits for nothing.
+  std::vector<std::shared_ptr<StreamState>> queues;
+  {
+    std::lock_guard lock(mu_);
+    const DeviceSegments& segments = devices_[device];
+    const auto it = segments.requested_bytes.find(ptr);
+    if (it == segments.requested_bytes.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "release: %p is not the base of a segment reserved on device %d", ptr, device));
+    }
+    if (it->second != bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("release: segment %p on device %d was reserved with %d bytes, not %d",
+                          ptr, device, it->second, bytes));
+    }
+    for (const auto& [handle, stream] : streams_) {
+      if (stream->device == device || handle == kDefaultStream) queues.push_back(stream);
+    }
+  }
+  for (const auto& stream : queues) stream->worker.wait_idle();
   std::lock_guard lock(mu_);
   DeviceSegments& segments = devices_[device];
   const auto it = segments.requested_bytes.find(ptr);
   if (it == segments.requested_bytes.end()) {
     return absl::NotFoundError(absl::StrFormat(
-        "release: %p is not the base of a segment reserved on device %d", ptr, device));
-  }
-  if (it->second != bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("release: segment %p on device %d was reserved with %d bytes, not %d",
-                        ptr, device, it->second, bytes));
+        "release: segment %p on device %d was released by another call meanwhile", ptr, device));
   }
   const std::size_t mapped_bytes = round_to_pages(bytes, page_bytes_);
   munmap(ptr, mapped_bytes);

@@ -33,6 +33,13 @@ absl::Status StreamWorker::drain() {
   return absl::InternalError(absl::StrCat(stream_label_, ": ", failure));
 }
 
+void StreamWorker::wait_idle() {
+  if (std::this_thread::get_id() == thread_.get_id()) return;
+  std::unique_lock lock(mu_);
+  const std::uint64_t target = enqueued_;
+  done_cv_.wait(lock, [&] { return finished_ >= target; });
+}
+
 void StreamWorker::stop() {
   {
     std::lock_guard lock(mu_);

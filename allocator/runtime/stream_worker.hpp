@@ -53,6 +53,10 @@ class StreamWorker {
   // destroyed. Returns kInternal naming the first operation that threw since
   // the previous drain, if any.
   absl::Status drain();
+  // Blocks until every operation enqueued before this call has run, leaving
+  // any failure for the next drain() to report. Returns at once when called
+  // from this worker's own thread (an operation cannot wait for itself).
+  void wait_idle();
 
   // Runs what is queued, then joins the thread. Idempotent.
   void stop();

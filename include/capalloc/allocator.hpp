@@ -216,8 +216,11 @@ class CAPALLOC_API Allocator {
   // its first allocation, kept for the life of the allocator since nobody will
   // say when its graph is gone.
   absl::Status begin_allocate_to_pool(int device, CaptureId capture, PoolHandle pool);
-  // Ends the route and drops its reference. When no capture is left on the
-  // device, frees deferred during captures get their events recorded.
+  // Ends the route and drops its reference: the capture-end hook, called
+  // after the capture has ended (kFailedPrecondition, changing nothing, while
+  // a stream seen allocating in it is still capturing it). When no capture
+  // is left on the device, frees deferred during captures get their events
+  // recorded.
   absl::Status end_allocate_to_pool(CaptureId capture);
   absl::StatusOr<AllocatorStats> pool_stats(PoolHandle pool) const;
 

@@ -364,18 +364,21 @@ absl::StatusOr<Harm> observe(Run& r, const Graph& g, OracleStats& stats) {
   if (deps.depends_on.size() != g.nodes.size()) {
     return absl::InternalError("oracle: the graph's node count is not the program's");
   }
+  // Capture order; every writing node as late as its edges allow (each
+  // possible last writer); every reading node as early as they allow (each
+  // read before every write it need not follow).
   Harm h;
-  std::vector<std::optional<std::size_t>> lates{std::nullopt};
+  std::vector<testing::ReplayOrder> orders{testing::ReplayOrder{}};
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    if (writes_own_block(g.nodes[i].kind)) lates.emplace_back(i);
+    if (writes_own_block(g.nodes[i].kind)) orders.push_back({.late = i});
+    if (reads_into_sink(g.nodes[i].kind)) orders.push_back({.early = i});
   }
-  for (const auto& late : lates) {
-    r.order->late = late;
-    CAPALLOC_RETURN_IF_ERROR(
-        observe_order(r, g, testing::late_order(deps.depends_on, late), h));
+  for (const testing::ReplayOrder& o : orders) {
+    *r.order = o;
+    CAPALLOC_RETURN_IF_ERROR(observe_order(r, g, o.order(deps.depends_on), h));
     ++stats.replays;
   }
-  r.order->late.reset();
+  *r.order = testing::ReplayOrder{};
   return h;
 }
 
