@@ -6,6 +6,7 @@
 #define CAPALLOC_TESTS_REPLAY_ORDERS_HPP_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -72,12 +73,45 @@ inline std::vector<std::size_t> early_order(const std::vector<std::vector<std::s
   return out;
 }
 
+// A seeded random order the edges allow: at each step, any node whose
+// dependencies have all run may go next.
+inline std::vector<std::size_t> random_order(const std::vector<std::vector<std::size_t>>& deps,
+                                             std::uint64_t seed) {
+  const std::size_t n = deps.size();
+  std::vector<std::size_t> waiting(n, 0);
+  std::vector<std::vector<std::size_t>> dependents(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    waiting[i] = deps[i].size();
+    for (std::size_t d : deps[i]) dependents[d].push_back(i);
+  }
+  std::vector<std::size_t> ready, out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (waiting[i] == 0) ready.push_back(i);
+  }
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  while (!ready.empty()) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const std::size_t pick = static_cast<std::size_t>(state % ready.size());
+    const std::size_t node = ready[pick];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(pick));
+    out.push_back(node);
+    for (std::size_t d : dependents[node]) {
+      if (--waiting[d] == 0) ready.push_back(d);
+    }
+  }
+  return out;
+}
+
 // Which order the next replays take; shared with the runtime's option.
 struct ReplayOrder {
-  std::optional<std::size_t> late;   // run this node as late as possible
-  std::optional<std::size_t> early;  // or this one as early as possible
+  std::optional<std::size_t> late;     // run this node as late as possible
+  std::optional<std::size_t> early;    // or this one as early as possible
+  std::optional<std::uint64_t> random;  // or a random order from this seed
 
   std::vector<std::size_t> order(const std::vector<std::vector<std::size_t>>& deps) const {
+    if (random) return random_order(deps, *random);
     return early ? early_order(deps, *early) : late_order(deps, late);
   }
 };

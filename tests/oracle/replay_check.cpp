@@ -366,12 +366,21 @@ absl::StatusOr<Harm> observe(Run& r, const Graph& g, OracleStats& stats) {
   }
   // Capture order; every writing node as late as its edges allow (each
   // possible last writer); every reading node as early as they allow (each
-  // read before every write it need not follow).
+  // read before every write it need not follow); and, where the graph has
+  // unordered nodes, two seeded random orders (pairs of swaps the others
+  // miss).
   Harm h;
   std::vector<testing::ReplayOrder> orders{testing::ReplayOrder{}};
+  bool forked = false;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
     if (writes_own_block(g.nodes[i].kind)) orders.push_back({.late = i});
     if (reads_into_sink(g.nodes[i].kind)) orders.push_back({.early = i});
+    forked = forked || (i > 0 && deps.depends_on[i] != std::vector<std::size_t>{i - 1});
+  }
+  if (forked) {
+    for (std::uint64_t k = 0; k < 2; ++k) {
+      orders.push_back({.random = g.capture * 1000003 + g.nodes.size() * 31 + k});
+    }
   }
   for (const testing::ReplayOrder& o : orders) {
     *r.order = o;
