@@ -26,17 +26,7 @@ struct OrderedWorld {
     return *rt;
   }
 
-  EventHandle event() {
-    auto e = w.rt->create_event(0);
-    REQUIRE_OK(e);
-    return *e;
-  }
-  // Makes `to` wait for everything `from` has done so far.
-  void join(StreamHandle from, StreamHandle to) {
-    const EventHandle e = event();
-    REQUIRE_OK(w.rt->record_event(e, from));
-    REQUIRE_OK(w.rt->stream_wait_event(to, e));
-  }
+  void join(StreamHandle from, StreamHandle to) { join_streams(w, from, to); }
 
   // True when some order the edges allow leaves `ok()` false after a
   // replay; `prepare` runs before each replay.
@@ -57,15 +47,7 @@ struct OrderedWorld {
   }
 };
 
-KernelLaunch fill(float* p, std::size_t n, float value) {
-  KernelLaunch k;
-  k.name = "fill";
-  k.writes = {{p, n * sizeof(float)}};
-  k.host_body = [p, n, value] {
-    for (std::size_t i = 0; i < n; ++i) p[i] = value;
-  };
-  return k;
-}
+KernelLaunch fill(float* p, std::size_t n, float value) { return fill_floats(p, n, value); }
 
 constexpr std::size_t kN = 256;
 

@@ -16,15 +16,7 @@ constexpr std::size_t kBig = std::size_t{16} << 20;  // a segment of its own
 
 GraphHandle discovered(CaptureId id) { return (GraphHandle{1} << 63) | id; }
 
-KernelLaunch fill(float* p, std::size_t n, float value) {
-  KernelLaunch k;
-  k.name = "fill";
-  k.writes = {{p, n * sizeof(float)}};
-  k.host_body = [p, n, value] {
-    for (std::size_t i = 0; i < n; ++i) p[i] = value;
-  };
-  return k;
-}
+KernelLaunch fill(float* p, std::size_t n, float value) { return fill_floats(p, n, value); }
 
 KernelLaunch slow(KernelLaunch k) {
   auto body = std::move(k.host_body);
@@ -35,12 +27,7 @@ KernelLaunch slow(KernelLaunch k) {
   return k;
 }
 
-void join(World& w, StreamHandle from, StreamHandle to) {
-  auto e = w.rt->create_event(0);
-  REQUIRE_OK(e);
-  REQUIRE_OK(w.rt->record_event(*e, from));
-  REQUIRE_OK(w.rt->stream_wait_event(to, *e));
-}
+void join(World& w, StreamHandle from, StreamHandle to) { join_streams(w, from, to); }
 
 TEST_CASE("review: empty_cache waits for a queued kernel that still writes freed memory",
           "[capture][review]") {

@@ -108,6 +108,27 @@ inline KernelLaunch copy_kernel(float* dst, const float* src, std::size_t n) {
   return k;
 }
 
+// p[i] = value, declaring p written: the plainest writing kernel.
+inline KernelLaunch fill_floats(float* p, std::size_t n, float value) {
+  KernelLaunch k;
+  k.name = "fill";
+  k.writes = {{p, n * sizeof(float)}};
+  k.host_body = [p, n, value] {
+    for (std::size_t i = 0; i < n; ++i) p[i] = value;
+  };
+  return k;
+}
+
+// Makes `to` wait for everything `from` has done so far (a fork, or a join,
+// of a capture's streams).
+inline void join_streams(World& w, StreamHandle from, StreamHandle to) {
+  auto e = w.rt->create_event(0);
+  REQUIRE_OK(e);
+  REQUIRE_OK(w.rt->record_event(*e, from));
+  REQUIRE_OK(w.rt->stream_wait_event(to, *e));
+  REQUIRE_OK(w.rt->destroy_event(*e));
+}
+
 // The finding of graph `graph` (its label) on the block tagged `victim` with
 // `harm`, or null.
 inline const Finding* find_finding(const std::vector<Finding>& findings, std::string_view graph,
