@@ -540,7 +540,9 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
       name_access(g, w);
       describe_clobber_order(g, r, victim, w.position, left);
     }
-    g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint;
+    // Footprint and touches give whole blocks: upper bounds, labelled so.
+    g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint &&
+                     w.mode != AccessMode::kTouch;
   }
 }
 
@@ -579,7 +581,8 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
       name_access(g, a);
       describe_stale_order(g, r, a.position, stale);
     }
-    g.ranges_exact = g.ranges_exact && a.evidence != WriteEvidence::kFootprint;
+    g.ranges_exact = g.ranges_exact && a.evidence != WriteEvidence::kFootprint &&
+                     a.mode != AccessMode::kTouch;
   }
 }
 

@@ -224,5 +224,44 @@ TEST_CASE("review: a capture begun through the tracker is never also discovered"
   w.free(out);
 }
 
+TEST_CASE("review: a clobber through a touch is possible, with block-granular ranges",
+          "[capture][review][native]") {
+  // A native (PyTorch-style) capture: a kernel that declares nothing takes a
+  // transient's pointer, the transient is freed, and a block left live takes
+  // its address. Whether the kernel wrote it is not known.
+  World w;
+  auto pool = w.alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  auto id = w.rt->begin_capture(w.side, CaptureMode::kGlobal);
+  REQUIRE_OK(id);
+  REQUIRE_OK(w.alloc->begin_allocate_to_pool(0, *id, *pool));
+  float* t = w.tensor(kN, w.side, "T");
+  KernelLaunch k;
+  k.name = "elementwise";
+  k.params.resize(16);
+  float* inside = t + 3;  // a pointer into the block, as a view's data_ptr
+  std::memcpy(k.params.data() + 8, &inside, 8);
+  k.host_body = [t] { t[0] = 1.0f; };
+  w.launch(w.side, std::move(k));
+  w.free(t);
+  float* v = w.tensor(kN, w.side, "V");
+  REQUIRE(v == t);
+  auto g = w.rt->end_capture(w.side);
+  REQUIRE_OK(g);
+  REQUIRE_OK(w.alloc->end_allocate_to_pool(*id));
+  const std::vector<Finding> findings = w.tracker->check();
+  const Finding* f = find_finding(findings, "capture " + std::to_string(*id), "V");
+  REQUIRE(f != nullptr);
+  CHECK(f->evidence == WriteEvidence::kInspected);
+  CHECK(f->write_mode == AccessMode::kTouch);
+  CHECK(f->mode_unknown);
+  CHECK(f->severity == Severity::kPossible);
+  CHECK_FALSE(f->ranges_exact);
+  CHECK(f->harmed_bytes() == kN * sizeof(float));
+  REQUIRE_OK(w.rt->destroy_graph(*g));
+  w.free(v);
+  REQUIRE_OK(w.alloc->release_graph_pool(*pool));
+}
+
 }  // namespace
 }  // namespace capalloc::testing

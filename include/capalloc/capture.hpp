@@ -134,9 +134,10 @@ struct CAPALLOC_API Finding {
   AccessMode write_mode = AccessMode::kWrite;
   std::size_t clobbering_writes = 0;
   BlockRef victim;
-  // The harmed bytes: `ranges`, sorted and disjoint, exactly (for declared
-  // and inspected evidence) or as block-granular upper bounds
-  // (`ranges_exact` false: footprint evidence); `overlap` bounds them.
+  // The harmed bytes: `ranges`, sorted and disjoint, exactly (declared
+  // accesses, memset and memcpy nodes) or as block-granular upper bounds
+  // (`ranges_exact` false: footprint evidence, or an inspected touch, which
+  // names a block, not bytes); `overlap` bounds them.
   std::vector<MemorySpan> ranges;
   bool ranges_exact = true;
   MemorySpan overlap;
