@@ -57,6 +57,12 @@ TEST_CASE("random capture programs: every verdict agrees with the replay", "[ora
            << "its disagreement:\n" << *check_program(small));
     }
     total.add(stats);
+    if ((k - first + 1) % 50000 == 0) {
+      std::printf("oracle: %llu programs agree so far (%.0f s)\n",
+                  static_cast<unsigned long long>(k - first + 1),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      std::fflush(stdout);
+    }
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -59,10 +59,6 @@ struct Node {
   int id;                   // its code
 };
 
-bool writes_own_block(OpKind k) {
-  return k == OpKind::kWrite || k == OpKind::kUpdate || k == OpKind::kMemset;
-}
-
 struct Graph {
   GraphHandle handle = 0;
   CaptureId capture = 0;
@@ -364,16 +360,16 @@ absl::StatusOr<Harm> observe(Run& r, const Graph& g, OracleStats& stats) {
   if (deps.depends_on.size() != g.nodes.size()) {
     return absl::InternalError("oracle: the graph's node count is not the program's");
   }
-  // Capture order; every writing node as late as its edges allow (each
-  // possible last writer); every reading node as early as they allow (each
-  // read before every write it need not follow); and, where the graph has
-  // unordered nodes, two seeded random orders (pairs of swaps the others
-  // miss).
+  // Capture order; every node as late as its edges allow (each possible
+  // last writer; each read after every write it need not precede); every
+  // reading node as early as they allow (each read before every write it
+  // need not follow); and, where the graph has unordered nodes, two seeded
+  // random orders (pairs of swaps the others miss).
   Harm h;
   std::vector<testing::ReplayOrder> orders{testing::ReplayOrder{}};
   bool forked = false;
   for (std::size_t i = 0; i < g.nodes.size(); ++i) {
-    if (writes_own_block(g.nodes[i].kind)) orders.push_back({.late = i});
+    orders.push_back({.late = i});
     if (reads_into_sink(g.nodes[i].kind)) orders.push_back({.early = i});
     forked = forked || (i > 0 && deps.depends_on[i] != std::vector<std::size_t>{i - 1});
   }
