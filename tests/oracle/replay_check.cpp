@@ -279,15 +279,19 @@ struct Harm {
   std::set<int> read_from;
 };
 
-absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t>& order,
-                           Harm& h) {
-  std::map<int, std::vector<float>> start;
+// Fills every live block with its values (block `varied`, if any, with other
+// values of its own), replays the graph in the order set in r.order, and
+// returns every live block's memory; `start` gets the fills.
+absl::StatusOr<std::map<int, std::vector<float>>> replay_real(
+    Run& r, const Graph& g, int varied, std::map<int, std::vector<float>>* start) {
   for (int b : r.live) {
     std::vector<float> v(r.floats[b]);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = fill_value(b, i);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = b == varied ? 2.0f * fill_value(b, i) : fill_value(b, i);  // exact, and different
+    }
     CAPALLOC_RETURN_IF_ERROR(
         r.rt->memcpy_async(r.ptr[b], v.data(), v.size() * sizeof(float), kDefaultStream));
-    start[b] = std::move(v);
+    if (start != nullptr) (*start)[b] = std::move(v);
   }
   CAPALLOC_RETURN_IF_ERROR(r.rt->launch_graph(g.handle, kDefaultStream));
   std::map<int, std::vector<float>> real;
@@ -298,6 +302,13 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
     real[b] = std::move(v);
   }
   CAPALLOC_RETURN_IF_ERROR(r.rt->synchronize_stream(kDefaultStream));
+  return real;
+}
+
+absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t>& order,
+                           Harm& h) {
+  std::map<int, std::vector<float>> start;
+  CAPALLOC_ASSIGN_OR_RETURN(auto real, replay_real(r, g, -1, &start));
 
   // The de-aliased model, in the same order: every block its own memory;
   // blocks not live start with values of their own too.
@@ -341,6 +352,29 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
       if (std::memcmp(&real[b][i], &model[b][i], sizeof(float)) != 0) h.changed[b].insert(i);
     }
   }
+  // Reads that differ from the model read the wrong data. Whose? Only the
+  // live block holding the address can be the victim. A read through that
+  // block itself saw it clobbered. A read through another (freed) block
+  // harms it if varying its fill alone changes what was read (its data from
+  // before the replay), or if the value read is one a node of this replay
+  // wrote through it (the values encode their node and offset); otherwise
+  // the read took data the replay wrote there through a third block: no
+  // live block's.
+  auto written_through = [&](int v, const float* addr, float value) {
+    const float* base = r.ptr[v];
+    for (const Node& m : g.nodes) {
+      if (m.block != v || addr < base + m.lo || addr >= base + m.hi) continue;
+      const std::size_t j = static_cast<std::size_t>(addr - base);
+      if (m.kind == OpKind::kUpdate) return true;  // computed from what it read: any value
+      float expected = code(m.id, j);
+      if (m.kind == OpKind::kMemset) std::memset(&expected, memset_byte(m.id), sizeof(float));
+      if (m.kind == OpKind::kWrite || m.kind == OpKind::kMemset) {
+        if (std::memcmp(&expected, &value, sizeof(float)) == 0) return true;
+      }
+    }
+    return false;
+  };
+  std::map<int, std::vector<std::pair<int, std::size_t>>> suspects;  // holder -> sink elements
   for (const Node& n : g.nodes) {
     if (!reads_into_sink(n.kind)) continue;
     for (std::size_t i = n.lo; i < n.hi; ++i) {
@@ -348,8 +382,24 @@ absl::Status observe_order(Run& r, const Graph& g, const std::vector<std::size_t
       if (std::memcmp(&real[n.sink_block][s], &model[n.sink_block][s], sizeof(float)) == 0) {
         continue;
       }
-      const int v = holder(reinterpret_cast<std::uintptr_t>(r.ptr[n.block] + i));
-      if (v >= 0) h.read_from.insert(v);
+      const float* addr = r.ptr[n.block] + i;
+      const int v = holder(reinterpret_cast<std::uintptr_t>(addr));
+      if (v < 0) continue;
+      if (v == n.block || written_through(v, addr, real[n.sink_block][s])) {
+        h.read_from.insert(v);
+      } else {
+        suspects[v].emplace_back(n.sink_block, s);
+      }
+    }
+  }
+  for (const auto& [v, elements] : suspects) {
+    if (h.read_from.contains(v)) continue;
+    CAPALLOC_ASSIGN_OR_RETURN(auto varied, replay_real(r, g, v, nullptr));
+    for (const auto& [sink, s] : elements) {
+      if (std::memcmp(&varied[sink][s], &real[sink][s], sizeof(float)) != 0) {
+        h.read_from.insert(v);
+        break;
+      }
     }
   }
   return absl::OkStatus();

@@ -10,7 +10,9 @@
 // included, has memory of its own:
 //   - a live block whose bytes differ was clobbered;
 //   - a sink element that differs read wrong data; the live block that holds
-//     the address it read is the victim (none: garbage, no victim).
+//     the address it read is the victim if varying that block's fill alone
+//     changes what was read (otherwise the read took data the replay wrote
+//     there through another block: no live block's data, no victim).
 // The verdict must agree: every harmed (graph, victim) has a finding naming
 // them at some severity, a clobber's ranges cover every byte that differs,
 // and (declared evidence) every finding names harm the oracle saw. Findings
