@@ -555,10 +555,12 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     const RecordedWrite& a = r.record.writes[i];
     if (a.mode == AccessMode::kWrite) continue;  // reads, updates and state read first
     if (a.writer.sequence == victim.sequence && victim.sequence != 0) continue;
-    // A touch through a block born in this capture is its first use (an
-    // inferred write) or comes after one: the graph using its own data.
+    // A touch through a block born in this capture that comes after its
+    // first use (the inferred write) is the graph using its own data. The
+    // first use itself may read what the memory held (a read of an
+    // uninitialized block), so it stays a possible stale read.
     if (a.mode == AccessMode::kTouch && a.writer.sequence != 0 &&
-        a.writer.capture == r.record.capture) {
+        a.writer.capture == r.record.capture && !a.inferred_write) {
       continue;
     }
     const MemorySpan overlap = intersect(a.span, victim.span());
