@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
-#include "allocator/format.hpp"
-#include "allocator/runtime/log.hpp"
+#include "common/format.hpp"
+#include "common/log.hpp"
 
 namespace capalloc {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
-#include "allocator/format.hpp"
+#include "common/format.hpp"
 
 namespace capalloc {
 

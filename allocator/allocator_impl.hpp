@@ -30,7 +30,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "allocator/block.hpp"
-#include "allocator/interned_strings.hpp"
+#include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
 #include "capalloc/allocator.hpp"
 

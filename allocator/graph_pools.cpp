@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
-#include "allocator/runtime/log.hpp"
+#include "common/log.hpp"
 
 namespace capalloc {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/format.hpp"
+#include "common/format.hpp"
 #include "capalloc/capture.hpp"
 #include "capture/findings.hpp"
 #include "capture/json_writer.hpp"

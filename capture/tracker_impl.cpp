@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/runtime/log.hpp"
+#include "common/log.hpp"
 
 namespace capalloc {
 

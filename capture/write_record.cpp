@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "allocator/interned_strings.hpp"
+#include "common/interned_strings.hpp"
 
 namespace capalloc::detail {
 

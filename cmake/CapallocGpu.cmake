@@ -1,6 +1,6 @@
 # GPU toolkits: for each toolkit found, the portable split-K kernel
 # (gemm/split_k_device.cu, built by nvcc or hipcc) and the DeviceRuntime
-# (allocator/runtime/cuda_runtime.cpp or hip_runtime.cpp, plain C++ built by
+# (runtime/cuda_runtime.cpp or hip_runtime.cpp, plain C++ built by
 # the host compiler against the toolkit's runtime headers), each into objects
 # the capalloc libraries take in. CAPALLOC_WITH_CUDA / CAPALLOC_WITH_HIP: AUTO
 # builds what is found, ON requires it, OFF skips it. Neither needs a GPU to
@@ -46,7 +46,7 @@ if(NOT CAPALLOC_WITH_CUDA STREQUAL "OFF")
     target_include_directories(capalloc_gemm_cuda PRIVATE ${PROJECT_SOURCE_DIR})
     target_compile_definitions(capalloc_gemm_cuda PRIVATE CAPALLOC_DEVICE_API_CUDA)
     # The cuda runtime: CUDA::cudart's headers come in as system includes.
-    capalloc_gpu_runtime(capalloc_runtime_cuda allocator/runtime/cuda_runtime.cpp
+    capalloc_gpu_runtime(capalloc_runtime_cuda runtime/cuda_runtime.cpp
       CAPALLOC_HAVE_CUDA_RUNTIME)
     target_link_libraries(capalloc_runtime_cuda PRIVATE CUDA::cudart)
     list(APPEND CAPALLOC_GPU_OBJECTS $<TARGET_OBJECTS:capalloc_gemm_cuda>
@@ -97,7 +97,7 @@ if(NOT CAPALLOC_WITH_HIP STREQUAL "OFF")
     # The hip runtime: the HIP runtime API header works from the host
     # compiler once the platform is named; system include, so its own
     # warnings stay out of ours.
-    capalloc_gpu_runtime(capalloc_runtime_hip allocator/runtime/hip_runtime.cpp
+    capalloc_gpu_runtime(capalloc_runtime_hip runtime/hip_runtime.cpp
       CAPALLOC_HAVE_HIP_RUNTIME)
     target_compile_definitions(capalloc_runtime_hip PRIVATE __HIP_PLATFORM_AMD__)
     target_include_directories(capalloc_runtime_hip SYSTEM PRIVATE ${CAPALLOC_HIP_INCLUDE_DIR})

@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.hpp"
+#include "common/status_macros.hpp"
 #include "capalloc/gemm.hpp"
 #include "gemm/split_k_device.hpp"
 #include "gemm/split_k_kernel.cuh"

@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "capalloc/capalloc.h"
-#include "capture/global.hpp"
+#include "c_api/global.hpp"
 #include "test_support.hpp"
 #include "tools/scenarios/kernels.hpp"
 

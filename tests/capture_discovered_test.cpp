@@ -4,7 +4,7 @@
 // capture id, and the tracker records them with footprint evidence once their
 // stream has left the capture. Seed 003's arm A through that path.
 #include "capalloc/capalloc.h"
-#include "capture/global.hpp"
+#include "c_api/global.hpp"
 #include "capture/tracker_impl.hpp"
 #include "test_support.hpp"
 #include "tools/scenarios/kernels.hpp"

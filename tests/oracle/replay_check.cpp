@@ -9,7 +9,7 @@
 #include <sstream>
 #include <vector>
 
-#include "allocator/status_macros.hpp"
+#include "common/status_macros.hpp"
 #include "capalloc/capture.hpp"
 #include "replay_orders.hpp"
 

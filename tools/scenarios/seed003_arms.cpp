@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.hpp"
+#include "common/status_macros.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/persistent_cache.hpp"
 #include "tools/scenarios/kernels.hpp"

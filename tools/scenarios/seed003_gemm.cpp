@@ -13,7 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "allocator/status_macros.hpp"
+#include "common/status_macros.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"

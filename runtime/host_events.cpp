@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "allocator/runtime/host_runtime.hpp"
+#include "runtime/host_runtime.hpp"
 
 namespace capalloc::detail {
 
@@ -33,7 +33,7 @@ std::shared_ptr<CaptureState> HostRuntime::live_capture_of(const EventState& eve
 }
 
 absl::StatusOr<EventHandle> HostRuntime::create_event(int device) {
-  return without_exceptions("create_event", [&]() -> absl::StatusOr<EventHandle> {
+  return guarded("host runtime: create_event", [&]() -> absl::StatusOr<EventHandle> {
     if (auto status = check_device(device, "create_event"); !status.ok()) return status;
     std::lock_guard lock(mu_);
     const EventHandle handle = next_event_;
@@ -52,7 +52,7 @@ absl::Status HostRuntime::destroy_event(EventHandle event) {
 }
 
 absl::Status HostRuntime::record_event(EventHandle event, StreamHandle stream) {
-  return without_exceptions("record_event", [&]() -> absl::Status {
+  return guarded("host runtime: record_event", [&]() -> absl::Status {
     std::lock_guard lock(mu_);
     auto ev = find_event(event, "record_event");
     if (!ev.ok()) return ev.status();
@@ -102,7 +102,7 @@ absl::Status HostRuntime::record_event(EventHandle event, StreamHandle stream) {
 }
 
 absl::StatusOr<bool> HostRuntime::query_event(EventHandle event) {
-  return without_exceptions("query_event", [&]() -> absl::StatusOr<bool> {
+  return guarded("host runtime: query_event", [&]() -> absl::StatusOr<bool> {
     std::lock_guard lock(mu_);
     auto ev = find_event(event, "query_event");
     if (!ev.ok()) return ev.status();
@@ -117,7 +117,7 @@ absl::StatusOr<bool> HostRuntime::query_event(EventHandle event) {
 }
 
 absl::Status HostRuntime::synchronize_event(EventHandle event) {
-  return without_exceptions("synchronize_event", [&]() -> absl::Status {
+  return guarded("host runtime: synchronize_event", [&]() -> absl::Status {
     std::shared_ptr<EventState> state;
     {
       std::lock_guard lock(mu_);
@@ -138,7 +138,7 @@ absl::Status HostRuntime::synchronize_event(EventHandle event) {
 }
 
 absl::Status HostRuntime::stream_wait_event(StreamHandle stream, EventHandle event) {
-  return without_exceptions("stream_wait_event", [&]() -> absl::Status {
+  return guarded("host runtime: stream_wait_event", [&]() -> absl::Status {
     std::lock_guard lock(mu_);
     auto ev = find_event(event, "stream_wait_event");
     if (!ev.ok()) return ev.status();

@@ -22,8 +22,8 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "allocator/runtime/declared_accesses.hpp"
-#include "allocator/runtime/host_runtime.hpp"
+#include "runtime/declared_accesses.hpp"
+#include "runtime/host_runtime.hpp"
 
 namespace capalloc::detail {
 namespace {
@@ -74,7 +74,7 @@ absl::Status HostRuntime::submit(StreamHandle stream, GraphNode node) {
 }
 
 absl::Status HostRuntime::launch_kernel(StreamHandle stream, KernelLaunch kernel) {
-  return without_exceptions("launch_kernel", [&]() -> absl::Status {
+  return guarded("host runtime: launch_kernel", [&]() -> absl::Status {
     if (!kernel.host_body) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "launch_kernel: kernel %s has no host body; the host runtime cannot run it",
@@ -86,7 +86,7 @@ absl::Status HostRuntime::launch_kernel(StreamHandle stream, KernelLaunch kernel
 
 absl::Status HostRuntime::memset_async(void* dst, int value, std::size_t bytes,
                                        StreamHandle stream) {
-  return without_exceptions("memset_async", [&]() -> absl::Status {
+  return guarded("host runtime: memset_async", [&]() -> absl::Status {
     if (dst == nullptr && bytes != 0) {
       return absl::InvalidArgumentError(
           absl::StrFormat("memset_async: null destination for %d bytes on stream %d", bytes,
@@ -98,7 +98,7 @@ absl::Status HostRuntime::memset_async(void* dst, int value, std::size_t bytes,
 
 absl::Status HostRuntime::memcpy_async(void* dst, const void* src, std::size_t bytes,
                                        StreamHandle stream) {
-  return without_exceptions("memcpy_async", [&]() -> absl::Status {
+  return guarded("host runtime: memcpy_async", [&]() -> absl::Status {
     if ((dst == nullptr || src == nullptr) && bytes != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "memcpy_async: null %s for %d bytes on stream %d",
@@ -111,7 +111,7 @@ absl::Status HostRuntime::memcpy_async(void* dst, const void* src, std::size_t b
 // --- Capture -------------------------------------------------------------------
 
 absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, CaptureMode mode) {
-  return without_exceptions("begin_capture", [&]() -> absl::StatusOr<CaptureId> {
+  return guarded("host runtime: begin_capture", [&]() -> absl::StatusOr<CaptureId> {
     if (stream == kDefaultStream) {
       return absl::InvalidArgumentError(
           "begin_capture: the default (legacy) stream cannot be captured; capture on a "
@@ -138,7 +138,7 @@ absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, Captur
 }
 
 absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
-  return without_exceptions("end_capture", [&]() -> absl::StatusOr<GraphHandle> {
+  return guarded("host runtime: end_capture", [&]() -> absl::StatusOr<GraphHandle> {
     std::lock_guard lock(mu_);
     auto st = find_stream(stream, "end_capture");
     if (!st.ok()) return st.status();
@@ -225,7 +225,7 @@ bool HostRuntime::any_capture_active(int device) const {
 }
 
 absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
-  return without_exceptions("capture_info", [&]() -> absl::StatusOr<CaptureInfo> {
+  return guarded("host runtime: capture_info", [&]() -> absl::StatusOr<CaptureInfo> {
     std::lock_guard lock(mu_);
     auto st = find_stream(stream, "capture_info");
     if (!st.ok()) return st.status();
@@ -265,7 +265,7 @@ absl::Status HostRuntime::invalidated_error(const CaptureState& capture, StreamH
 // --- Graphs --------------------------------------------------------------------
 
 absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
-  return without_exceptions("launch_graph", [&]() -> absl::Status {
+  return guarded("host runtime: launch_graph", [&]() -> absl::Status {
     std::lock_guard lock(mu_);
     const auto found = graphs_.find(graph);
     if (found == graphs_.end()) {
@@ -363,7 +363,7 @@ std::vector<GraphWrite> accesses_of(const GraphNodes& nodes, WriteEvidence copie
 }  // namespace
 
 absl::StatusOr<std::vector<GraphWrite>> HostRuntime::graph_writes(GraphHandle graph) {
-  return without_exceptions("graph_writes", [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
+  return guarded("host runtime: graph_writes", [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
     std::shared_ptr<const GraphNodes> nodes;
     {
       std::lock_guard lock(mu_);
@@ -393,7 +393,7 @@ absl::StatusOr<std::shared_ptr<const GraphNodes>> HostRuntime::captured_graph(
 }
 
 absl::StatusOr<std::vector<GraphWrite>> HostRuntime::captured_graph_writes(std::uintptr_t graph) {
-  return without_exceptions("captured_graph_writes",
+  return guarded("host runtime: captured_graph_writes",
                             [&]() -> absl::StatusOr<std::vector<GraphWrite>> {
     std::shared_ptr<const GraphNodes> nodes;
     {
@@ -407,7 +407,7 @@ absl::StatusOr<std::vector<GraphWrite>> HostRuntime::captured_graph_writes(std::
 }
 
 absl::StatusOr<GraphDependencies> HostRuntime::captured_graph_dependencies(std::uintptr_t graph) {
-  return without_exceptions("captured_graph_dependencies",
+  return guarded("host runtime: captured_graph_dependencies",
                             [&]() -> absl::StatusOr<GraphDependencies> {
     std::lock_guard lock(mu_);
     auto found = captured_graph(graph, "captured_graph_dependencies");
@@ -417,7 +417,7 @@ absl::StatusOr<GraphDependencies> HostRuntime::captured_graph_dependencies(std::
 }
 
 absl::StatusOr<GraphDependencies> HostRuntime::graph_dependencies(GraphHandle graph) {
-  return without_exceptions("graph_dependencies", [&]() -> absl::StatusOr<GraphDependencies> {
+  return guarded("host runtime: graph_dependencies", [&]() -> absl::StatusOr<GraphDependencies> {
     std::lock_guard lock(mu_);
     const auto found = graphs_.find(graph);
     if (found == graphs_.end()) {

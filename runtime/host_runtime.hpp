@@ -19,8 +19,8 @@
 //     under a worker;
 //   - an enqueued operation holds its arguments by value and is destroyed as
 //     soon as it has run; only graphs keep recorded operations.
-#ifndef CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
-#define CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
+#ifndef CAPALLOC_RUNTIME_HOST_RUNTIME_HPP_
+#define CAPALLOC_RUNTIME_HOST_RUNTIME_HPP_
 
 #include <atomic>
 #include <condition_variable>
@@ -40,7 +40,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "allocator/runtime/stream_worker.hpp"
+#include "common/guarded.hpp"
+#include "runtime/stream_worker.hpp"
 #include "capalloc/runtime.hpp"
 
 namespace capalloc::detail {
@@ -72,22 +73,6 @@ struct GraphNodes {
 void run_graph_node(const GraphNode& node);
 // "kernel <name>", "memset" or "memcpy": how failures and writes name a node.
 std::string graph_node_label(const GraphNode& node);
-
-// Runs `body` (returning absl::Status or absl::StatusOr) and turns anything it
-// throws (std::bad_alloc from a container, std::system_error from a thread
-// start) into a status, so that no exception crosses the DeviceRuntime
-// interface.
-template <typename Body>
-auto without_exceptions(std::string_view call, Body&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("host runtime: out of host memory in %s", call));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrFormat("host runtime: %s failed: %s", call, e.what()));
-  }
-}
 
 // For each stream of a capture, how many of that stream's nodes are known to
 // come before some point (a vector clock). It is how end_capture tells whether
@@ -260,4 +245,4 @@ class HostRuntime final : public DeviceRuntime {
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_RUNTIME_HOST_RUNTIME_HPP_
+#endif  // CAPALLOC_RUNTIME_HOST_RUNTIME_HPP_

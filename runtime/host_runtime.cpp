@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "allocator/runtime/host_runtime.hpp"
+#include "runtime/host_runtime.hpp"
 
 namespace capalloc::detail {
 namespace {
@@ -74,7 +74,7 @@ absl::StatusOr<std::shared_ptr<HostRuntime>> HostRuntime::create(
     return absl::InvalidArgumentError(
         "host runtime: memory_limit_per_device must be positive, got 0");
   }
-  return without_exceptions("create", [&]() -> absl::StatusOr<std::shared_ptr<HostRuntime>> {
+  return guarded("host runtime: create", [&]() -> absl::StatusOr<std::shared_ptr<HostRuntime>> {
     return std::make_shared<HostRuntime>(options);
   });
 }
@@ -121,7 +121,7 @@ absl::StatusOr<DeviceMemoryInfo> HostRuntime::memory_info(int device) const {
 }
 
 absl::StatusOr<void*> HostRuntime::reserve(int device, std::size_t bytes) {
-  return without_exceptions("reserve", [&]() -> absl::StatusOr<void*> {
+  return guarded("host runtime: reserve", [&]() -> absl::StatusOr<void*> {
     if (auto status = check_device(device, "reserve"); !status.ok()) return status;
     if (bytes == 0) {
       return absl::InvalidArgumentError(
@@ -228,7 +228,7 @@ absl::StatusOr<std::shared_ptr<StreamState>> HostRuntime::find_stream(
 }
 
 absl::StatusOr<StreamHandle> HostRuntime::create_stream(int device) {
-  return without_exceptions("create_stream", [&]() -> absl::StatusOr<StreamHandle> {
+  return guarded("host runtime: create_stream", [&]() -> absl::StatusOr<StreamHandle> {
     if (auto status = check_device(device, "create_stream"); !status.ok()) return status;
     std::lock_guard lock(mu_);
     const StreamHandle handle = next_stream_;
@@ -240,7 +240,7 @@ absl::StatusOr<StreamHandle> HostRuntime::create_stream(int device) {
 }
 
 absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
-  return without_exceptions("destroy_stream", [&]() -> absl::Status {
+  return guarded("host runtime: destroy_stream", [&]() -> absl::Status {
     if (stream == kDefaultStream) {
       return absl::InvalidArgumentError("destroy_stream: the default stream cannot be destroyed");
     }
@@ -265,7 +265,7 @@ absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
 }
 
 absl::Status HostRuntime::synchronize_stream(StreamHandle stream) {
-  return without_exceptions("synchronize_stream", [&]() -> absl::Status {
+  return guarded("host runtime: synchronize_stream", [&]() -> absl::Status {
     std::shared_ptr<StreamState> state;
     {
       std::lock_guard lock(mu_);

@@ -1,7 +1,7 @@
-// capture/c_api.cpp: the C ABI over the process-wide capalloc (global.hpp).
+// c_api/c_api.cpp: the C ABI over the process-wide capalloc (global.hpp).
 //
 // Every entry point converts absl::Status into a capalloc_status and keeps
-// the message in a thread-local string; a try/catch at each entry makes sure
+// the message in a thread-local string; guarded() at each entry makes sure
 // no C++ exception (std::bad_alloc from a container, say) crosses into C.
 // Strings handed back (findings as JSON) live in another thread-local string,
 // valid until the thread's next call that returns one.
@@ -12,8 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "capture/global.hpp"
-#include "allocator/runtime/log.hpp"
+#include "c_api/global.hpp"
+#include "common/guarded.hpp"
+#include "common/log.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capalloc.h"
 #include "capalloc/capture.hpp"
@@ -53,19 +54,14 @@ capalloc_status report(const absl::Status& status) {
 }
 
 // Runs `body` (returning absl::Status) against the process-wide capalloc;
-// turns exceptions into CAPALLOC_ERROR_INTERNAL.
+// anything thrown becomes a status (common/guarded.hpp).
 template <typename Body>
 capalloc_status with_global(Body&& body) noexcept {
-  try {
+  return report(capalloc::detail::guarded("capalloc", [&]() -> absl::Status {
     auto global = capalloc::detail::global_capalloc();
-    if (!global.ok()) return report(global.status());
-    return report(body(*global));
-  } catch (const std::exception& e) {
-    last_error = absl::StrCat("internal error: ", e.what());
-  } catch (...) {
-    last_error = "internal error: unknown exception";
-  }
-  return CAPALLOC_ERROR_INTERNAL;
+    if (!global.ok()) return global.status();
+    return body(*global);
+  }));
 }
 
 template <typename Body>

@@ -1,11 +1,11 @@
-// capture/global.cpp: see global.hpp.
-#include "capture/global.hpp"
+// c_api/global.cpp: see global.hpp.
+#include "c_api/global.hpp"
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 
-#include "allocator/runtime/log.hpp"
+#include "common/log.hpp"
 
 namespace capalloc::detail {
 

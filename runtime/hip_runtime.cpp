@@ -20,9 +20,9 @@
 #define CAPALLOC_GPU_FACTORY make_hip_runtime
 
 // The class and its first half, then capture and graphs: in this order.
-#include "allocator/runtime/gpu_runtime.inc"
+#include "runtime/gpu_runtime.inc"
 //
-#include "allocator/runtime/gpu_graph.inc"
+#include "runtime/gpu_graph.inc"
 
 namespace capalloc::detail {
 namespace {

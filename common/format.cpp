@@ -1,5 +1,5 @@
-// allocator/format.cpp: see format.hpp.
-#include "allocator/format.hpp"
+// common/format.cpp: see format.hpp.
+#include "common/format.hpp"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

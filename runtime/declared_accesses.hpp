@@ -1,8 +1,8 @@
-// allocator/runtime/declared_accesses.hpp: the accesses a KernelLaunch
+// runtime/declared_accesses.hpp: the accesses a KernelLaunch
 // declares, as graph records list them. Shared by the host and GPU runtimes
 // so that both record a launch's reads, writes, updates and state alike.
-#ifndef CAPALLOC_ALLOCATOR_RUNTIME_DECLARED_ACCESSES_HPP_
-#define CAPALLOC_ALLOCATOR_RUNTIME_DECLARED_ACCESSES_HPP_
+#ifndef CAPALLOC_RUNTIME_DECLARED_ACCESSES_HPP_
+#define CAPALLOC_RUNTIME_DECLARED_ACCESSES_HPP_
 
 #include <cstddef>
 #include <cstdint>
@@ -60,4 +60,4 @@ inline void append_parameter_touches(const KernelLaunch& kernel, std::size_t pos
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_RUNTIME_DECLARED_ACCESSES_HPP_
+#endif  // CAPALLOC_RUNTIME_DECLARED_ACCESSES_HPP_

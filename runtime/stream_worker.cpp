@@ -1,12 +1,13 @@
 // stream_worker.cpp: the run loop of a host-runtime stream. See the header for
 // the invariants; the one that shapes this file is that an operation dies on
 // the worker, inside its own scope, before it is counted as finished.
-#include "allocator/runtime/stream_worker.hpp"
+#include "runtime/stream_worker.hpp"
 
 #include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/guarded.hpp"
 
 namespace capalloc::detail {
 
@@ -61,10 +62,8 @@ void StreamWorker::run_loop() {
       lock.unlock();
       try {
         op.run();
-      } catch (const std::exception& e) {
-        failure = absl::StrCat(op.label, " threw: ", e.what());
       } catch (...) {
-        failure = absl::StrCat(op.label, " threw a non-standard exception");
+        failure = std::string(status_of_current_exception(op.label).message());
       }
     }  // the operation and all it captured are destroyed here, unlocked
     lock.lock();

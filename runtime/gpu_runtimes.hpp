@@ -10,8 +10,8 @@
 // CAPALLOC_HAVE_HIP_RUNTIME). A factory fails with kUnavailable ("no CUDA
 // device") when the toolkit's runtime reports no device, so a runtime that
 // exists always has device_count() >= 1.
-#ifndef CAPALLOC_ALLOCATOR_RUNTIME_GPU_RUNTIMES_HPP_
-#define CAPALLOC_ALLOCATOR_RUNTIME_GPU_RUNTIMES_HPP_
+#ifndef CAPALLOC_RUNTIME_GPU_RUNTIMES_HPP_
+#define CAPALLOC_RUNTIME_GPU_RUNTIMES_HPP_
 
 #include <memory>
 
@@ -29,4 +29,4 @@ absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_hip_runtime();
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_RUNTIME_GPU_RUNTIMES_HPP_
+#endif  // CAPALLOC_RUNTIME_GPU_RUNTIMES_HPP_

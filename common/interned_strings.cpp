@@ -1,5 +1,5 @@
-// allocator/interned_strings.cpp: see interned_strings.hpp.
-#include "allocator/interned_strings.hpp"
+// common/interned_strings.cpp: see interned_strings.hpp.
+#include "common/interned_strings.hpp"
 
 #include <deque>
 #include <mutex>

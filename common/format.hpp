@@ -1,7 +1,7 @@
-// allocator/format.hpp: human-readable renderings shared by error messages,
+// common/format.hpp: human-readable renderings shared by error messages,
 // describe() and the CLI.
-#ifndef CAPALLOC_ALLOCATOR_FORMAT_HPP_
-#define CAPALLOC_ALLOCATOR_FORMAT_HPP_
+#ifndef CAPALLOC_COMMON_FORMAT_HPP_
+#define CAPALLOC_COMMON_FORMAT_HPP_
 
 #include <cstdint>
 #include <string>
@@ -19,4 +19,4 @@ std::string describe_stats(const AllocatorStats& stats);
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_FORMAT_HPP_
+#endif  // CAPALLOC_COMMON_FORMAT_HPP_

@@ -1,4 +1,4 @@
-// capture/global.hpp: the process-wide capalloc behind the C ABI and the
+// c_api/global.hpp: the process-wide capalloc behind the C ABI and the
 // PyTorch entry points: one allocator, its capture tracker and its
 // persistent cache.
 //
@@ -7,8 +7,8 @@
 // If creation fails, every later call gets the same error; the process does
 // not retry with other settings. Never destroyed: blocks may be freed from
 // static destructors of the host application after ours would have run.
-#ifndef CAPALLOC_CAPTURE_GLOBAL_HPP_
-#define CAPALLOC_CAPTURE_GLOBAL_HPP_
+#ifndef CAPALLOC_C_API_GLOBAL_HPP_
+#define CAPALLOC_C_API_GLOBAL_HPP_
 
 #include "absl/status/statusor.h"
 #include "capalloc/allocator.hpp"
@@ -27,4 +27,4 @@ absl::StatusOr<GlobalCapalloc> global_capalloc();
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_CAPTURE_GLOBAL_HPP_
+#endif  // CAPALLOC_C_API_GLOBAL_HPP_

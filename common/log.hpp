@@ -1,8 +1,8 @@
-// allocator/runtime/log.hpp: capalloc's logger. Quiet by default (warnings and
+// common/log.hpp: capalloc's logger. Quiet by default (warnings and
 // errors only); CAPALLOC_LOG_LEVEL=trace|debug|info|warn|error|off changes it.
 // Never used on the allocation hot path.
-#ifndef CAPALLOC_ALLOCATOR_RUNTIME_LOG_HPP_
-#define CAPALLOC_ALLOCATOR_RUNTIME_LOG_HPP_
+#ifndef CAPALLOC_COMMON_LOG_HPP_
+#define CAPALLOC_COMMON_LOG_HPP_
 
 #include <spdlog/spdlog.h>
 
@@ -12,4 +12,4 @@ spdlog::logger& log();
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_RUNTIME_LOG_HPP_
+#endif  // CAPALLOC_COMMON_LOG_HPP_

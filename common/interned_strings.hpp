@@ -1,12 +1,12 @@
-// allocator/interned_strings.hpp: short strings (block tags, kernel names)
+// common/interned_strings.hpp: short strings (block tags, kernel names)
 // interned once per process.
 //
 // Tags and operation names are few (labels, not data) and are named by every
 // block and every recorded write; interning them makes those records cheap
 // to copy. The table never shrinks, so a view it hands out stays valid for
 // the life of the process, past any allocator's or tracker's. Thread-safe.
-#ifndef CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
-#define CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
+#ifndef CAPALLOC_COMMON_INTERNED_STRINGS_HPP_
+#define CAPALLOC_COMMON_INTERNED_STRINGS_HPP_
 
 #include <cstdint>
 #include <string_view>
@@ -22,4 +22,4 @@ inline std::string_view intern(std::string_view s) { return interned(intern_id(s
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_INTERNED_STRINGS_HPP_
+#endif  // CAPALLOC_COMMON_INTERNED_STRINGS_HPP_

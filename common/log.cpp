@@ -1,5 +1,5 @@
-// allocator/runtime/log.cpp: the library's logger (see log.hpp).
-#include "allocator/runtime/log.hpp"
+// common/log.cpp: the library's logger (see log.hpp).
+#include "common/log.hpp"
 
 #include <cstdlib>
 #include <memory>

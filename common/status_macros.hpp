@@ -1,7 +1,7 @@
-// allocator/status_macros.hpp: early returns on absl::Status errors, for
+// common/status_macros.hpp: early returns on absl::Status errors, for
 // code that chains many fallible runtime calls (scenarios, the CLI).
-#ifndef CAPALLOC_ALLOCATOR_STATUS_MACROS_HPP_
-#define CAPALLOC_ALLOCATOR_STATUS_MACROS_HPP_
+#ifndef CAPALLOC_COMMON_STATUS_MACROS_HPP_
+#define CAPALLOC_COMMON_STATUS_MACROS_HPP_
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,4 +24,4 @@
   if (!tmp.ok()) return tmp.status();                   \
   lhs = *std::move(tmp)
 
-#endif  // CAPALLOC_ALLOCATOR_STATUS_MACROS_HPP_
+#endif  // CAPALLOC_COMMON_STATUS_MACROS_HPP_

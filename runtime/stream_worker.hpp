@@ -15,8 +15,8 @@
 // An operation that throws does not kill the thread: the first failure is kept
 // and reported by the next drain(), as CUDA reports an asynchronous error at
 // the next synchronization.
-#ifndef CAPALLOC_ALLOCATOR_RUNTIME_STREAM_WORKER_HPP_
-#define CAPALLOC_ALLOCATOR_RUNTIME_STREAM_WORKER_HPP_
+#ifndef CAPALLOC_RUNTIME_STREAM_WORKER_HPP_
+#define CAPALLOC_RUNTIME_STREAM_WORKER_HPP_
 
 #include <condition_variable>
 #include <cstdint>
@@ -80,4 +80,4 @@ class StreamWorker {
 
 }  // namespace capalloc::detail
 
-#endif  // CAPALLOC_ALLOCATOR_RUNTIME_STREAM_WORKER_HPP_
+#endif  // CAPALLOC_RUNTIME_STREAM_WORKER_HPP_

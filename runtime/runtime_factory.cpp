@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "allocator/runtime/gpu_runtimes.hpp"
-#include "allocator/runtime/host_runtime.hpp"
-#include "allocator/runtime/log.hpp"
+#include "runtime/gpu_runtimes.hpp"
+#include "runtime/host_runtime.hpp"
+#include "common/log.hpp"
 #include "capalloc/runtime.hpp"
 
 namespace capalloc {

@@ -24,9 +24,9 @@
 #define CAPALLOC_GPU_HAS_USER_OBJECTS 1
 
 // The class and its first half, then capture and graphs: in this order.
-#include "allocator/runtime/gpu_runtime.inc"
+#include "runtime/gpu_runtime.inc"
 //
-#include "allocator/runtime/gpu_graph.inc"
+#include "runtime/gpu_graph.inc"
 
 namespace capalloc::detail {
 namespace {
