@@ -189,7 +189,7 @@ AllocatorStats Allocator::Impl::device_stats(int device) const {
 
 // --- Public API ---------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<DeviceRuntime> runtime,
+absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<MemoryRuntime> runtime,
                                                              AllocatorOptions options) {
   if (runtime == nullptr) return absl::InvalidArgumentError("Allocator::create: runtime is null");
   if (options.round_granularity < 256 || !std::has_single_bit(options.round_granularity)) {
@@ -211,6 +211,7 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Dev
         absl::StrCat("the ", std::string(runtime->name()), " runtime reports no device"));
   }
   auto impl = std::make_unique<Impl>();
+  impl->device_runtime = dynamic_cast<DeviceRuntime*>(runtime.get());
   impl->runtime = std::move(runtime);
   impl->options = options;
   impl->policy = detail::SizePolicy::from(options);
@@ -225,7 +226,9 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Dev
 Allocator::Allocator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Allocator::~Allocator() = default;
 
-DeviceRuntime& Allocator::runtime() const { return *impl_->runtime; }
+MemoryRuntime& Allocator::runtime() const { return *impl_->runtime; }
+
+DeviceRuntime* Allocator::device_runtime() const { return impl_->device_runtime; }
 const AllocatorOptions& Allocator::options() const { return impl_->options; }
 
 absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamHandle stream,

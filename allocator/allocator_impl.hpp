@@ -88,7 +88,8 @@ struct CaptureContext {
 }  // namespace detail
 
 struct CAPALLOC_INTERNAL Allocator::Impl {
-  std::shared_ptr<DeviceRuntime> runtime;
+  std::shared_ptr<MemoryRuntime> runtime;
+  DeviceRuntime* device_runtime = nullptr;  // `runtime`, when it has the graph seam
   AllocatorOptions options;
   detail::SizePolicy policy;
 

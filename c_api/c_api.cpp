@@ -281,7 +281,19 @@ capalloc_status capalloc_get(int device, const char* key, void** out) {
 void* capalloc_torch_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
   void* out = nullptr;
-  if (capalloc_malloc(&out, size, device, stream) != CAPALLOC_OK) {
+  const capalloc_status status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    if (!g.host_fallback_reason.empty()) {
+      // Never host memory for PyTorch's device tensors: a clear error now,
+      // not a crash in a kernel later.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the PyTorch entry points need a GPU runtime, and none could be had (",
+          g.host_fallback_reason,
+          "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
+          "on purpose"));
+    }
+    return absl::OkStatus();
+  });
+  if (status != CAPALLOC_OK || capalloc_malloc(&out, size, device, stream) != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
                                   last_error);
     return nullptr;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "common/log.hpp"
+#include "runtime/runtime_factory.hpp"
 
 namespace capalloc::detail {
 
@@ -13,13 +14,13 @@ namespace {
 
 absl::StatusOr<GlobalCapalloc> make_global() {
   const char* kind = std::getenv("CAPALLOC_RUNTIME");
-  auto runtime = make_runtime(kind != nullptr && *kind ? kind : "auto");
-  if (!runtime.ok()) return runtime.status();
+  auto chosen = choose_runtime(kind != nullptr && *kind ? kind : "auto");
+  if (!chosen.ok()) return chosen.status();
   auto options = AllocatorOptions::from_env();
   if (!options.ok()) return options.status();
   auto tracker_options = TrackerOptions::from_env();
   if (!tracker_options.ok()) return tracker_options.status();
-  auto allocator = Allocator::create(*std::move(runtime), *options);
+  auto allocator = Allocator::create(chosen->runtime, *options);
   if (!allocator.ok()) return allocator.status();
   auto tracker = CaptureTracker::create(**allocator, *tracker_options);
   if (!tracker.ok()) return tracker.status();
@@ -27,6 +28,7 @@ absl::StatusOr<GlobalCapalloc> make_global() {
   g.allocator = allocator->release();
   g.tracker = tracker->release();
   g.cache = new PersistentCache(*g.allocator);
+  g.host_fallback_reason = std::move(chosen->host_fallback_reason);
   return g;
 }
 

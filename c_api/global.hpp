@@ -11,6 +11,8 @@
 #define CAPALLOC_C_API_GLOBAL_HPP_
 
 #include "absl/status/statusor.h"
+#include <string>
+
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
 #include "capalloc/persistent_cache.hpp"
@@ -21,6 +23,10 @@ struct GlobalCapalloc {
   Allocator* allocator = nullptr;
   CaptureTracker* tracker = nullptr;
   PersistentCache* cache = nullptr;
+  // Set when CAPALLOC_RUNTIME was "auto" (or unset) and no GPU backend could
+  // be had: why. The PyTorch entry points refuse to run then (host memory
+  // handed to PyTorch as device memory would crash far from here).
+  std::string host_fallback_reason;
 };
 
 absl::StatusOr<GlobalCapalloc> global_capalloc();

@@ -41,6 +41,13 @@ absl::StatusOr<std::unique_ptr<CaptureTracker>> CaptureTracker::create(Allocator
                                                                        TrackerOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->allocator = &allocator;
+  impl->runtime = allocator.device_runtime();
+  if (impl->runtime == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "CaptureTracker::create: the allocator's %s runtime has no graph and launch seam (it "
+        "is a MemoryRuntime, not a DeviceRuntime), so captures cannot be inspected",
+        std::string(allocator.runtime().name())));
+  }
   impl->strict = options.strict;
   impl->strict_possible = options.strict_possible;
   if (absl::Status s = allocator.set_capture_listener(impl.get()); !s.ok()) return s;
@@ -53,7 +60,7 @@ CaptureTracker::~CaptureTracker() {
   impl_->allocator->set_capture_listener(nullptr).IgnoreError();
   std::lock_guard lock(impl_->mu);
   for (auto& [graph, record] : impl_->records) {
-    impl_->allocator->runtime().destroy_graph(graph).IgnoreError();
+    impl_->runtime->destroy_graph(graph).IgnoreError();
     impl_->allocator->release_graph_pool(record->record.pool).IgnoreError();
   }
 }
@@ -86,13 +93,13 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
   }
   // Ticks order the allocator's events around the capture's start.
   const std::uint64_t begin_tick = m.ticks.fetch_add(1) + 1;
-  auto id = a.runtime().begin_capture(stream, options.mode);
+  auto id = m.runtime->begin_capture(stream, options.mode);
   if (!id.ok()) {
     a.release_graph_pool(pool).IgnoreError();
     return id.status();
   }
   if (absl::Status s = a.begin_allocate_to_pool(device, *id, pool); !s.ok()) {
-    if (auto g = a.runtime().end_capture(stream); g.ok()) a.runtime().destroy_graph(*g).IgnoreError();
+    if (auto g = m.runtime->end_capture(stream); g.ok()) m.runtime->destroy_graph(*g).IgnoreError();
     a.release_graph_pool(pool).IgnoreError();
     return s;
   }
@@ -115,7 +122,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   // and a second (footprint) record would follow at the next check.
   m.drain_log();
   m.active.erase(it);
-  auto graph = a.runtime().end_capture(stream);
+  auto graph = m.runtime->end_capture(stream);
   // Whatever the outcome, the capture no longer allocates into the pool.
   {
     const Impl::SelfCall self;
@@ -131,7 +138,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   CaptureResult result;
   result.graph = *graph;
   result.new_findings =
-      m.finish_capture(capture, *graph, a.runtime().graph_writes(*graph), m.order_of(*graph));
+      m.finish_capture(capture, *graph, m.runtime->graph_writes(*graph), m.order_of(*graph));
   return result;
 }
 
@@ -180,7 +187,7 @@ absl::Status CaptureTracker::replay(GraphHandle graph, StreamHandle stream) {
       if (detail::log().should_log(spdlog::level::warn)) detail::log().warn("{}", f.summary());
     }
   }
-  return impl_->allocator->runtime().launch_graph(graph, stream);
+  return impl_->runtime->launch_graph(graph, stream);
 }
 
 absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
@@ -193,7 +200,7 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
   }
   // A graph the application already destroyed through the runtime is gone
   // all the same: its record, findings and pool reference go too.
-  if (absl::Status s = m.allocator->runtime().destroy_graph(graph);
+  if (absl::Status s = m.runtime->destroy_graph(graph);
       !s.ok() && s.code() != absl::StatusCode::kNotFound) {
     return s;
   }

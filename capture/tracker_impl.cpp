@@ -262,7 +262,7 @@ absl::StatusOr<const detail::IndexedRecord*> CaptureTracker::Impl::record_of(
 }
 
 detail::GraphOrder CaptureTracker::Impl::order_of(GraphHandle graph) const {
-  auto dependencies = allocator->runtime().graph_dependencies(graph);
+  auto dependencies = runtime->graph_dependencies(graph);
   if (!dependencies.ok()) return detail::GraphOrder::capture_order();
   auto order = detail::GraphOrder::from_edges(*dependencies);
   if (order.ok()) return *std::move(order);
@@ -366,7 +366,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
   std::vector<Finding> fresh;
   std::vector<CaptureId> over;
   for (const auto& [id, capture] : discovered) {
-    auto info = allocator->runtime().capture_info(capture.stream);
+    auto info = runtime->capture_info(capture.stream);
     if (info.ok() && info->status != CaptureStatus::kNone && info->id == id) continue;
     over.push_back(id);
   }
@@ -413,7 +413,7 @@ void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
   if (it == discovered.end() || it->second.graph == 0) return;
   // The capture has just ended natively and its graph still exists: inspect
   // it now, before the host application destroys it.
-  DeviceRuntime& rt = allocator->runtime();
+  DeviceRuntime& rt = *runtime;
   auto writes = rt.captured_graph_writes(it->second.graph);
   if (!writes.ok()) {
     detail::log().info("capture {}: its graph cannot be inspected ({}); footprint evidence",

@@ -76,6 +76,8 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   using IndexedRecord = detail::IndexedRecord;
 
   Allocator* allocator = nullptr;
+  // The allocator's runtime, through its graph and launch seam.
+  DeviceRuntime* runtime = nullptr;
   std::atomic<bool> strict{false};
   std::atomic<bool> strict_possible{false};
   std::atomic<std::uint64_t> ticks{0};

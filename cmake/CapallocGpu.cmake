@@ -10,23 +10,28 @@ set(CAPALLOC_CUDA_ARCHITECTURES "90" CACHE STRING "CUDA architectures of the ker
 set(CAPALLOC_HIP_ARCHITECTURES "gfx90a;gfx940" CACHE STRING
     "HIP offload architectures of the kernels (Debian's HIP 5.2 knows no gfx942; gfx940 is its CDNA3 target)")
 
-set(CAPALLOC_GPU_OBJECTS "")
-set(CAPALLOC_GPU_LIBRARIES "")
-set(CAPALLOC_GPU_DEFINITIONS "")
+set(CAPALLOC_BACKENDS "")
 
-# capalloc_gpu_runtime(<target> <source> <definition>): the object library of
-# one GPU DeviceRuntime, compiled like capalloc's own sources (hidden
-# visibility, warnings as errors); the caller adds the toolkit's includes,
-# definitions and libraries. <definition> tells runtime_factory.cpp it exists.
-function(capalloc_gpu_runtime target source definition)
-  add_library(${target} OBJECT ${source})
+# capalloc_backend(<kind> <runtime source> <device objects or sources>...): the
+# backend plugin libcapalloc_backend_<kind>.so, built next to libcapalloc and
+# installed beside it. It carries its own copy of the logger (common/log.cpp
+# finds libcapalloc's through spdlog's registry); the caller adds the
+# toolkit's includes, definitions and runtime library.
+function(capalloc_backend kind runtime_source)
+  set(target capalloc_backend_${kind})
+  add_library(${target} MODULE ${runtime_source} common/log.cpp ${ARGN})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
-  target_compile_definitions(${target} PRIVATE CAPALLOC_BUILDING_LIBRARY ${definition})
+  target_compile_definitions(${target} PRIVATE CAPALLOC_BUILDING_LIBRARY
+    CAPALLOC_VERSION="${PROJECT_VERSION}")
   set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE ON
-    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+    LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
   target_link_libraries(${target} PRIVATE absl::status absl::statusor absl::flat_hash_map
     absl::strings absl::str_format spdlog::spdlog)
+  target_link_options(${target} PRIVATE LINKER:--no-undefined)
   capalloc_set_warnings(${target})
+  install(TARGETS ${target} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  set(CAPALLOC_BACKENDS ${CAPALLOC_BACKENDS} ${target} PARENT_SCOPE)
 endfunction()
 
 # --- CUDA ----------------------------------------------------------------------
@@ -39,20 +44,14 @@ if(NOT CAPALLOC_WITH_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
-    add_library(capalloc_gemm_cuda OBJECT gemm/split_k_device.cu)
-    set_target_properties(capalloc_gemm_cuda PROPERTIES
+    capalloc_backend(cuda runtime/cuda_runtime.cpp gemm/split_k_device.cu)
+    set_target_properties(capalloc_backend_cuda PROPERTIES
       CUDA_ARCHITECTURES "${CAPALLOC_CUDA_ARCHITECTURES}"
-      CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON CUDA_VISIBILITY_PRESET hidden)
-    target_include_directories(capalloc_gemm_cuda PRIVATE ${PROJECT_SOURCE_DIR})
-    target_compile_definitions(capalloc_gemm_cuda PRIVATE CAPALLOC_DEVICE_API_CUDA)
+      CUDA_STANDARD 17 CUDA_VISIBILITY_PRESET hidden CUDA_RUNTIME_LIBRARY Shared)
+    set_source_files_properties(gemm/split_k_device.cu PROPERTIES
+      COMPILE_DEFINITIONS CAPALLOC_DEVICE_API_CUDA)
     # The cuda runtime: CUDA::cudart's headers come in as system includes.
-    capalloc_gpu_runtime(capalloc_runtime_cuda runtime/cuda_runtime.cpp
-      CAPALLOC_HAVE_CUDA_RUNTIME)
-    target_link_libraries(capalloc_runtime_cuda PRIVATE CUDA::cudart)
-    list(APPEND CAPALLOC_GPU_OBJECTS $<TARGET_OBJECTS:capalloc_gemm_cuda>
-      $<TARGET_OBJECTS:capalloc_runtime_cuda>)
-    list(APPEND CAPALLOC_GPU_LIBRARIES CUDA::cudart)
-    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_CUDA_KERNELS CAPALLOC_HAVE_CUDA_RUNTIME)
+    target_link_libraries(capalloc_backend_cuda PRIVATE CUDA::cudart)
     set(CAPALLOC_HAVE_CUDA ON)
     message(STATUS "capalloc: CUDA runtime and kernels for ${CAPALLOC_CUDA_ARCHITECTURES} (nvcc ${CMAKE_CUDA_COMPILER_VERSION})")
   elseif(CAPALLOC_WITH_CUDA STREQUAL "ON")
@@ -97,13 +96,11 @@ if(NOT CAPALLOC_WITH_HIP STREQUAL "OFF")
     # The hip runtime: the HIP runtime API header works from the host
     # compiler once the platform is named; system include, so its own
     # warnings stay out of ours.
-    capalloc_gpu_runtime(capalloc_runtime_hip runtime/hip_runtime.cpp
-      CAPALLOC_HAVE_HIP_RUNTIME)
-    target_compile_definitions(capalloc_runtime_hip PRIVATE __HIP_PLATFORM_AMD__)
-    target_include_directories(capalloc_runtime_hip SYSTEM PRIVATE ${CAPALLOC_HIP_INCLUDE_DIR})
-    list(APPEND CAPALLOC_GPU_OBJECTS ${hip_object} $<TARGET_OBJECTS:capalloc_runtime_hip>)
-    list(APPEND CAPALLOC_GPU_LIBRARIES ${CAPALLOC_AMDHIP64})
-    list(APPEND CAPALLOC_GPU_DEFINITIONS CAPALLOC_HAVE_HIP_KERNELS CAPALLOC_HAVE_HIP_RUNTIME)
+    capalloc_backend(hip runtime/hip_runtime.cpp ${hip_object})
+    set_source_files_properties(${hip_object} PROPERTIES EXTERNAL_OBJECT ON GENERATED ON)
+    target_compile_definitions(capalloc_backend_hip PRIVATE __HIP_PLATFORM_AMD__)
+    target_include_directories(capalloc_backend_hip SYSTEM PRIVATE ${CAPALLOC_HIP_INCLUDE_DIR})
+    target_link_libraries(capalloc_backend_hip PRIVATE ${CAPALLOC_AMDHIP64})
     set(CAPALLOC_HAVE_HIP ON)
     message(STATUS "capalloc: HIP runtime and kernels for ${CAPALLOC_HIP_ARCHITECTURES} (${CAPALLOC_HIPCC})")
   elseif(CAPALLOC_WITH_HIP STREQUAL "ON")

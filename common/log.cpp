@@ -15,7 +15,11 @@ namespace capalloc {
 namespace detail {
 
 spdlog::logger& log() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
+  static const std::shared_ptr<spdlog::logger> logger = []() -> std::shared_ptr<spdlog::logger> {
+    // One logger per process: a backend plugin (runtime/plugins.hpp) carries
+    // its own copy of this file and finds, through spdlog's registry (in the
+    // shared libspdlog), the logger libcapalloc made, level and all.
+    if (auto existing = spdlog::get("capalloc")) return existing;
     auto l = spdlog::stderr_color_mt("capalloc");
     l->set_level(spdlog::level::warn);
     if (const char* level = std::getenv("CAPALLOC_LOG_LEVEL"); level != nullptr && *level) {

@@ -13,12 +13,10 @@
 #include <cuda_runtime.h>
 #define CAPALLOC_GPU(name) cuda##name
 #define CAPALLOC_GPU_NAMESPACE cuda_kernels
-#define CAPALLOC_LAUNCH_SYMBOL capalloc_splitk_launch_cuda
 #elif defined(CAPALLOC_DEVICE_API_HIP)
 #include <hip/hip_runtime.h>
 #define CAPALLOC_GPU(name) hip##name
 #define CAPALLOC_GPU_NAMESPACE hip_kernels
-#define CAPALLOC_LAUNCH_SYMBOL capalloc_splitk_launch_hip
 #else
 #error "define CAPALLOC_DEVICE_API_CUDA or CAPALLOC_DEVICE_API_HIP"
 #endif
@@ -60,7 +58,8 @@ __global__ void __launch_bounds__(kThreads) split_k_gemm_kernel(Params p) {
 
 }  // namespace capalloc::detail::splitk::CAPALLOC_GPU_NAMESPACE
 
-extern "C" int CAPALLOC_LAUNCH_SYMBOL(const capalloc::detail::splitk::Params* params,
+// Looked up by name in the backend plugin (gemm/split_k_device.cpp).
+extern "C" __attribute__((visibility("default"))) int capalloc_splitk_launch(const capalloc::detail::splitk::Params* params,
                                       void* stream, char* error, unsigned long error_bytes) {
   using namespace capalloc::detail::splitk::CAPALLOC_GPU_NAMESPACE;
   const dim3 grid(static_cast<unsigned>(params->tiles), static_cast<unsigned>(params->split_k));

@@ -180,8 +180,8 @@ absl::Status launch_split_k_gemm(DeviceRuntime& runtime, StreamHandle stream,
   // Arguments by value, as a GPU launch takes them: nothing of the caller's
   // is referenced once the launch has run.
   k.host_body = [params] { run_units_on_host(params); };
-  k.device_body = [params](std::string_view runtime_name, void* native_stream) {
-    return detail::launch_split_k_on_device(runtime_name, params, native_stream);
+  k.device_body = [params](RuntimeKind kind, void* native_stream) {
+    return detail::launch_split_k_on_device(kind, params, native_stream);
   };
   return runtime.launch_kernel(stream, std::move(k));
 }
@@ -190,6 +190,7 @@ absl::Status launch_split_k_gemm(DeviceRuntime& runtime, StreamHandle stream,
 
 struct CAPALLOC_INTERNAL SplitKGemm::Impl {
   Allocator* allocator;
+  DeviceRuntime* runtime;  // the allocator's graph and launch seam; null if it has none
   PersistentCache* cache;
   GemmTiling tiling;
   struct DeviceOrder {
@@ -204,6 +205,7 @@ struct CAPALLOC_INTERNAL SplitKGemm::Impl {
 SplitKGemm::SplitKGemm(Allocator& allocator, PersistentCache& cache, GemmTiling tiling)
     : impl_(std::make_unique<Impl>()) {
   impl_->allocator = &allocator;
+  impl_->runtime = allocator.device_runtime();
   impl_->cache = &cache;
   impl_->tiling = tiling;
 }
@@ -215,7 +217,11 @@ SplitKGemm::~SplitKGemm() {
 }
 
 absl::Status SplitKGemm::preallocate_split_k(int device, StreamHandle stream) {
-  DeviceRuntime& rt = impl_->allocator->runtime();
+  if (impl_->runtime == nullptr) {
+    return absl::FailedPreconditionError(
+        "split-K GEMM: the allocator's runtime cannot launch kernels (a MemoryRuntime only)");
+  }
+  DeviceRuntime& rt = *impl_->runtime;
   CAPALLOC_ASSIGN_OR_RETURN(const CaptureInfo info, rt.capture_info(stream));
   if (info.status != CaptureStatus::kNone) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -246,7 +252,11 @@ absl::StatusOr<SplitKBuffers> SplitKGemm::buffers(int device) const {
 
 absl::Status SplitKGemm::run(int device, StreamHandle stream, const GemmProblem& problem) {
   CAPALLOC_RETURN_IF_ERROR(validate(problem, impl_->tiling));
-  DeviceRuntime& rt = impl_->allocator->runtime();
+  if (impl_->runtime == nullptr) {
+    return absl::FailedPreconditionError(
+        "split-K GEMM: the allocator's runtime cannot launch kernels (a MemoryRuntime only)");
+  }
+  DeviceRuntime& rt = *impl_->runtime;
   CAPALLOC_ASSIGN_OR_RETURN(const CaptureInfo info, rt.capture_info(stream));
   const bool capturing = info.status != CaptureStatus::kNone;
   auto buffers = this->buffers(device);

@@ -19,6 +19,7 @@
 #define CAPALLOC_GPU_PREFIX "cuda"
 #define CAPALLOC_GPU_RUNTIME CudaRuntime
 #define CAPALLOC_GPU_RUNTIME_NAME "cuda"
+#define CAPALLOC_GPU_KIND RuntimeKind::kCuda
 #define CAPALLOC_GPU_DISPLAY_NAME "CUDA"
 #define CAPALLOC_GPU_FACTORY make_cuda_runtime
 #define CAPALLOC_GPU_HAS_USER_OBJECTS 1
@@ -27,6 +28,7 @@
 #include "runtime/gpu_runtime.inc"
 //
 #include "runtime/gpu_graph.inc"
+#include "runtime/plugins.hpp"
 
 namespace capalloc::detail {
 namespace {
@@ -187,3 +189,13 @@ absl::Status read_kernel_pointer_params(NativeGraphNode node, std::vector<std::u
 
 }  // namespace
 }  // namespace capalloc::detail
+
+// The backend plugin's entry point (runtime/plugins.hpp): how libcapalloc
+// finds this runtime.
+extern "C" __attribute__((visibility("default"))) const capalloc::detail::BackendEntry*
+CAPALLOC_BACKEND_ENTRY() {
+  static const capalloc::detail::BackendEntry entry{
+      capalloc::detail::kBackendAbiVersion, CAPALLOC_VERSION, capalloc::RuntimeKind::kCuda,
+      &capalloc::detail::make_cuda_runtime};
+  return &entry;
+}

@@ -16,6 +16,7 @@
 #define CAPALLOC_GPU_PREFIX "hip"
 #define CAPALLOC_GPU_RUNTIME HipRuntime
 #define CAPALLOC_GPU_RUNTIME_NAME "hip"
+#define CAPALLOC_GPU_KIND RuntimeKind::kHip
 #define CAPALLOC_GPU_DISPLAY_NAME "HIP"
 #define CAPALLOC_GPU_FACTORY make_hip_runtime
 
@@ -23,6 +24,7 @@
 #include "runtime/gpu_runtime.inc"
 //
 #include "runtime/gpu_graph.inc"
+#include "runtime/plugins.hpp"
 
 namespace capalloc::detail {
 namespace {
@@ -85,3 +87,13 @@ absl::Status read_kernel_pointer_params(NativeGraphNode, std::vector<std::uintpt
 
 }  // namespace
 }  // namespace capalloc::detail
+
+// The backend plugin's entry point (runtime/plugins.hpp): how libcapalloc
+// finds this runtime.
+extern "C" __attribute__((visibility("default"))) const capalloc::detail::BackendEntry*
+CAPALLOC_BACKEND_ENTRY() {
+  static const capalloc::detail::BackendEntry entry{
+      capalloc::detail::kBackendAbiVersion, CAPALLOC_VERSION, capalloc::RuntimeKind::kHip,
+      &capalloc::detail::make_hip_runtime};
+  return &entry;
+}

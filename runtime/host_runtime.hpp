@@ -157,7 +157,7 @@ class HostRuntime final : public DeviceRuntime {
   HostRuntime(const HostRuntime&) = delete;
   HostRuntime& operator=(const HostRuntime&) = delete;
 
-  std::string_view name() const override { return "host"; }
+  RuntimeKind kind() const override { return RuntimeKind::kHost; }
   int device_count() const override;
   absl::StatusOr<DeviceMemoryInfo> memory_info(int device) const override;
 

@@ -104,7 +104,7 @@ TEST_CASE("C ABI: capture, findings as JSON, strict replay and persistent buffer
   REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
   auto global = capalloc::detail::global_capalloc();
   REQUIRE_OK(global);
-  capalloc::DeviceRuntime& rt = global->allocator->runtime();
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
 
   constexpr std::size_t n = 1 << 18;
   void* src = nullptr;

@@ -63,7 +63,7 @@ TEST_CASE("the PyTorch entry points on a capturing stream: routed, recorded and 
   ::setenv("CAPALLOC_RUNTIME", "host", 1);
   auto global = detail::global_capalloc();
   REQUIRE_OK(global);
-  DeviceRuntime& rt = global->allocator->runtime();
+  DeviceRuntime& rt = *global->allocator->device_runtime();
   void* stream = nullptr;
   REQUIRE(capalloc_stream_create(0, &stream) == CAPALLOC_OK);
   const auto s = reinterpret_cast<StreamHandle>(stream);

@@ -321,7 +321,7 @@ class NoGraphWritesRuntime final : public DeviceRuntime {
   explicit NoGraphWritesRuntime(std::shared_ptr<DeviceRuntime> inner) : in_(std::move(inner)) {}
   int graph_writes_calls = 0;
 
-  std::string_view name() const override { return in_->name(); }
+  RuntimeKind kind() const override { return in_->kind(); }
   int device_count() const override { return in_->device_count(); }
   absl::StatusOr<DeviceMemoryInfo> memory_info(int d) const override { return in_->memory_info(d); }
   absl::StatusOr<void*> reserve(int d, std::size_t b) override { return in_->reserve(d, b); }

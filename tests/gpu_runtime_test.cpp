@@ -395,7 +395,7 @@ TEST_CASE("gpu capture: memset, memcpy and declared writes show in graph_writes,
   KernelLaunch fill;
   fill.name = "declared_fill";
   fill.writes = {{offset(seg, 131072), 512}};
-  fill.device_body = [&rt, seg](std::string_view, void* native) {
+  fill.device_body = [&rt, seg](capalloc::RuntimeKind, void* native) {
     return rt->memset_async(offset(seg, 131072), 3, 512, reinterpret_cast<StreamHandle>(native));
   };
   REQUIRE_OK(rt->launch_kernel(s, fill));
@@ -607,7 +607,7 @@ TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch de
   KernelLaunch k;
   k.name = "declared_fill_f32";
   k.writes = {{declared_fill, kCount * sizeof(float)}};
-  k.device_body = [declared_fill](std::string_view, void* native) {
+  k.device_body = [declared_fill](capalloc::RuntimeKind, void* native) {
     return capalloc_test_fill_f32(native, declared_fill, kCount, 2.5f) == 0
                ? absl::OkStatus()
                : absl::InternalError("capalloc_test_fill_f32 failed");

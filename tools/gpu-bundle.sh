@@ -85,6 +85,10 @@ mkdir -p "$out/bin" "$out/lib" "$out/python"
 install -m 0755 "$build/tools/capalloc" "$build/tests/gpu_runtime_test" \
   "$build/tools/capalloc_bench_gemm_cuda" "$out/bin/"
 install -m 0755 "$(readlink -f "$build/libcapalloc.so")" "$out/lib/libcapalloc.so"
+# The cuda backend and scenario plugins (runtime/plugins.hpp): loaded at run
+# time from CAPALLOC_BACKEND_PATH, which gpu-check.sh points at lib/.
+install -m 0755 "$build/libcapalloc_backend_cuda.so" "$build/libcapalloc_scenarios_cuda.so" \
+  "$out/lib/"
 
 # Libraries that the GPU machine provides: the C/C++ runtime and the driver.
 # Everything else a binary needs is copied in under its soname.
@@ -105,7 +109,7 @@ copy_dependencies() {
     install -m 0644 "$(readlink -f "$path")" "$out/lib/$name"
   done < <(ldd "$elf" | grep '=>')
 }
-for elf in "$out"/bin/* "$out/lib/libcapalloc.so"; do copy_dependencies "$elf"; done
+for elf in "$out"/bin/* "$out"/lib/libcapalloc*.so; do copy_dependencies "$elf"; done
 
 strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so*
 for elf in "$out"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$elf"; done

@@ -97,6 +97,9 @@ mkdir -p "$logs"
 bin="$bundle/bin"
 py="$bundle/python"
 export CAPALLOC_LIBRARY="$bundle/lib/libcapalloc.so"
+# The GPU backends are plugins in lib/ (the bundle's binaries link capalloc
+# statically, so the library's own directory is bin/).
+export CAPALLOC_BACKEND_PATH="$bundle/lib"
 export CAPALLOC_LOG_LEVEL="${CAPALLOC_LOG_LEVEL:-warn}"
 python="$(command -v python3 || command -v python || true)"
 

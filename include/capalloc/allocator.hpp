@@ -165,9 +165,10 @@ class CAPALLOC_API CaptureListener {
 
 class CAPALLOC_API Allocator {
  public:
-  // Creates an allocator over `runtime`. Fails on invalid options.
+  // Creates an allocator over `runtime`: the memory and stream seam is all it
+  // needs. Fails on invalid options.
   static absl::StatusOr<std::unique_ptr<Allocator>> create(
-      std::shared_ptr<DeviceRuntime> runtime, AllocatorOptions options = {});
+      std::shared_ptr<MemoryRuntime> runtime, AllocatorOptions options = {});
 
   ~Allocator();
   Allocator(const Allocator&) = delete;
@@ -256,7 +257,11 @@ class CAPALLOC_API Allocator {
   // One paragraph: the runtime, options and per-device stats.
   std::string describe() const;
 
-  DeviceRuntime& runtime() const;
+  MemoryRuntime& runtime() const;
+  // The same runtime's graph and launch seam, for the capture tracker, the
+  // GEMM and callers that launch work; null when the runtime the allocator
+  // was created over has only the memory seam.
+  DeviceRuntime* device_runtime() const;
   const AllocatorOptions& options() const;
 
  private:

@@ -1,11 +1,17 @@
-// capalloc/runtime.hpp: the one seam between capalloc and a device.
+// capalloc/runtime.hpp: the two seams between capalloc and a device.
 //
-// `DeviceRuntime` is everything the allocator and the capture tracker know of
-// a device: segments of device memory, streams, events, stream capture into
-// graphs, graph replay, kernel launches and copies. Three implementations
-// exist: `host` (always built; device memory is host memory and each stream is
-// a worker thread, the reference model of CUDA graph semantics), `cuda` and
-// `hip` (built when their toolkits are found).
+// `MemoryRuntime` is everything the allocator needs of a device: segments of
+// device memory, streams, events, and whether a stream is capturing (and when
+// a capture's graph is gone). `DeviceRuntime` extends it with what the
+// capture tracker, the GEMM and the scenarios need: kernel launches, copies,
+// stream capture into graphs, replay, and the graph model (accesses and
+// edges) the alias rule reads. An allocator works over any MemoryRuntime; a
+// CaptureTracker needs its allocator's runtime to be a DeviceRuntime.
+//
+// Three DeviceRuntimes exist: `host` (always in libcapalloc; device memory is
+// host memory and each stream is a worker thread, the reference model of
+// CUDA graph semantics), `cuda` and `hip` (backend libraries loaded at run
+// time, see make_runtime below).
 //
 // Example:
 //
@@ -18,7 +24,7 @@
 //   rt->synchronize_stream(s).IgnoreError();
 //
 // Errors come back as absl::Status values; no implementation throws across
-// this interface. Every method is thread-safe unless its comment says
+// these interfaces. Every method is thread-safe unless its comment says
 // otherwise. Handles are plain integers so that a native handle handed in by
 // a host application (a cudaStream_t) needs no registration step.
 #ifndef CAPALLOC_RUNTIME_HPP_
@@ -37,6 +43,23 @@
 #include "capalloc/export.h"
 
 namespace capalloc {
+
+// Which runtime a DeviceRuntime is. Device code is chosen by this, never by
+// comparing names.
+enum class RuntimeKind { kHost, kCuda, kHip };
+
+// "host", "cuda" or "hip".
+constexpr std::string_view runtime_kind_name(RuntimeKind kind) {
+  switch (kind) {
+    case RuntimeKind::kCuda:
+      return "cuda";
+    case RuntimeKind::kHip:
+      return "hip";
+    case RuntimeKind::kHost:
+      break;
+  }
+  return "host";
+}
 
 // A stream. 0 is the default (legacy) stream; other values are opaque
 // handles, for the cuda/hip runtimes the native cudaStream_t/hipStream_t.
@@ -149,8 +172,8 @@ struct KernelLaunch {
   std::vector<MemorySpan> updates{};  // read, then written in place
   std::vector<MemorySpan> state{};    // read first, and must persist between launches
   std::function<void()> host_body{};
-  // Called with the runtime's name ("cuda", "hip") and its native stream.
-  std::function<absl::Status(std::string_view runtime, void* native_stream)> device_body{};
+  // Called with the runtime's kind (kCuda, kHip) and its native stream.
+  std::function<absl::Status(RuntimeKind runtime, void* native_stream)> device_body{};
 };
 
 struct DeviceMemoryInfo {
@@ -158,12 +181,14 @@ struct DeviceMemoryInfo {
   std::size_t total_bytes = 0;
 };
 
-class CAPALLOC_API DeviceRuntime {
+// The memory and stream seam: what the allocator needs.
+class CAPALLOC_API MemoryRuntime {
  public:
-  virtual ~DeviceRuntime() = default;
+  virtual ~MemoryRuntime() = default;
 
-  // "host", "cuda" or "hip".
-  virtual std::string_view name() const = 0;
+  virtual RuntimeKind kind() const = 0;
+  // "host", "cuda" or "hip": runtime_kind_name(kind()).
+  std::string_view name() const { return runtime_kind_name(kind()); }
   virtual int device_count() const = 0;
   virtual absl::StatusOr<DeviceMemoryInfo> memory_info(int device) const = 0;
 
@@ -200,6 +225,34 @@ class CAPALLOC_API DeviceRuntime {
   // on a capturing stream, `stream` joins that capture.
   virtual absl::Status stream_wait_event(StreamHandle stream, EventHandle event) = 0;
 
+  // --- Capture state ----------------------------------------------------------
+  virtual absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) = 0;
+  // A cheap hint for the allocator's hot path: false only when no capture can
+  // be active on any stream of `device`. The host runtime knows exactly; a GPU
+  // runtime, which cannot see captures begun through the native API, may
+  // answer true and leave the allocator to ask capture_info per stream.
+  virtual bool any_capture_active(int device) const = 0;
+
+  // Calls `on_gone` once, from any thread, when the graph being captured on
+  // `stream` is gone: the capture failed (no graph was made), or the graph
+  // and every executable graph made from it were destroyed. This is how
+  // capalloc learns the lifetime of graphs it did not capture (PyTorch's).
+  // `on_gone` must only note the fact: it may run inside the runtime (CUDA's
+  // user-object destructor, the host runtime's lock), where no runtime or
+  // capalloc call may be made. Errors: kFailedPrecondition when `stream` is
+  // not in an active capture; kUnimplemented where the runtime cannot tell
+  // (HIP 5.2 has no user objects).
+  virtual absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) {
+    (void)stream;
+    (void)on_gone;
+    return absl::UnimplementedError("watch_capture_graph: this runtime cannot tell when a graph is gone");
+  }
+};
+
+// The graph and launch seam: what the capture tracker, the GEMM and the
+// scenarios need on top of memory and streams.
+class CAPALLOC_API DeviceRuntime : public MemoryRuntime {
+ public:
   // --- Work -----------------------------------------------------------------
   virtual absl::Status launch_kernel(StreamHandle stream, KernelLaunch kernel) = 0;
   virtual absl::Status memset_async(void* dst, int value, std::size_t bytes,
@@ -214,12 +267,6 @@ class CAPALLOC_API DeviceRuntime {
   // (and returns no graph) if the capture was invalidated or a joined stream
   // did not join back to the origin stream.
   virtual absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) = 0;
-  virtual absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) = 0;
-  // A cheap hint for the allocator's hot path: false only when no capture can
-  // be active on any stream of `device`. The host runtime knows exactly; a GPU
-  // runtime, which cannot see captures begun through the native API, may
-  // answer true and leave the allocator to ask capture_info per stream.
-  virtual bool any_capture_active(int device) const = 0;
   // Enqueues one replay of the graph on `stream`: its operations in capture
   // order, against the addresses they were captured with.
   virtual absl::Status launch_graph(GraphHandle graph, StreamHandle stream) = 0;
@@ -250,21 +297,6 @@ class CAPALLOC_API DeviceRuntime {
     (void)graph;
     return absl::UnimplementedError("graph_dependencies: this runtime cannot list a graph's edges");
   }
-
-  // Calls `on_gone` once, from any thread, when the graph being captured on
-  // `stream` is gone: the capture failed (no graph was made), or the graph
-  // and every executable graph made from it were destroyed. This is how
-  // capalloc learns the lifetime of graphs it did not capture (PyTorch's).
-  // `on_gone` must only note the fact: it may run inside the runtime (CUDA's
-  // user-object destructor, the host runtime's lock), where no runtime or
-  // capalloc call may be made. Errors: kFailedPrecondition when `stream` is
-  // not in an active capture; kUnimplemented where the runtime cannot tell
-  // (HIP 5.2 has no user objects).
-  virtual absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) {
-    (void)stream;
-    (void)on_gone;
-    return absl::UnimplementedError("watch_capture_graph: this runtime cannot tell when a graph is gone");
-  }
 };
 
 // Options of the host runtime.
@@ -289,9 +321,21 @@ struct HostRuntimeOptions {
 CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(
     const HostRuntimeOptions& options = {});
 
-// Creates a runtime by name: "host", "cuda", "hip" or "auto" (a GPU runtime
-// when a device is present, else host, with one log line saying so). Names a
-// runtime that is not built into this library: kUnavailable.
+// Creates a runtime by name: "host", "cuda", "hip" or "auto".
+//
+// The host runtime is part of libcapalloc. The cuda and hip runtimes (and the
+// GEMM's device code) are backend libraries, libcapalloc_backend_cuda.so and
+// libcapalloc_backend_hip.so, each linked against its own toolkit's runtime
+// only, loaded on first use from the directories in CAPALLOC_BACKEND_PATH
+// (colon-separated) when it is set, else from the directory that holds
+// libcapalloc.so (where the install puts them).
+//
+// "cuda" or "hip": kUnavailable when the backend library is not found, fails
+// to load (its toolkit runtime is missing), or finds no device; the message
+// says which, and where it looked. "auto": cuda, then hip, the first whose
+// backend loads and finds a device; otherwise host, with one info log line
+// saying why each GPU runtime was passed over. Anything else:
+// kInvalidArgument.
 CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_runtime(std::string_view kind);
 
 // capalloc's log level: trace, debug, info, warn (the default: findings and

@@ -1,54 +1,46 @@
 // tools/scenarios/kernels.cpp: see kernels.hpp. Each kernel carries a host
 // body (the host runtime) and a device body that launches the same kernel
-// from scenario_kernels.cu on the runtime's native stream, when that file was
-// built for the runtime's toolkit.
+// from scenario_kernels.cu, found in the runtime's scenario plugin, on the
+// runtime's native stream.
 #include "tools/scenarios/kernels.hpp"
 
 #include <algorithm>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-
-// Defined in scenario_kernels.cu; each returns the native error code (0: ok).
-extern "C" {
-#if defined(CAPALLOC_SCENARIO_CUDA_KERNELS)
-int capalloc_scenario_fill_cuda(float* dst, std::size_t n, float value, void* stream);
-int capalloc_scenario_scale_cuda(float* dst, const float* src, std::size_t n, float factor,
-                                 void* stream);
-int capalloc_scenario_sum_cuda(float* dst, const float* src, std::size_t n, void* stream);
-#endif
-#if defined(CAPALLOC_SCENARIO_HIP_KERNELS)
-int capalloc_scenario_fill_hip(float* dst, std::size_t n, float value, void* stream);
-int capalloc_scenario_scale_hip(float* dst, const float* src, std::size_t n, float factor,
-                                void* stream);
-int capalloc_scenario_sum_hip(float* dst, const float* src, std::size_t n, void* stream);
-#endif
-}
+#include "runtime/plugins.hpp"
 
 namespace capalloc::scenarios {
 
 namespace {
 
-// Calls `cuda` or `hip` (each returning a native error code) by runtime name.
-template <typename Cuda, typename Hip>
-absl::Status on_device(std::string_view kernel, std::string_view runtime, Cuda&& cuda, Hip&& hip) {
-  int rc = -1;
-  if (runtime == "cuda") {
-    rc = cuda();
-  } else if (runtime == "hip") {
-    rc = hip();
+// The scenario kernels' plugin for a runtime: libcapalloc_scenarios_cuda.so
+// or ..._hip.so, built from scenario_kernels.cu beside the backends and found
+// the same way (runtime/plugins.hpp). Each launcher returns the native error
+// code (0: ok).
+template <typename Launcher, typename... Args>
+absl::Status on_device(const char* kernel, RuntimeKind runtime, void* stream, Args... args) {
+  if (runtime == RuntimeKind::kHost) {
+    return absl::InvalidArgumentError("scenario kernels: the host runtime runs host bodies");
   }
+  const std::string plugin =
+      absl::StrCat("capalloc_scenarios_", std::string(runtime_kind_name(runtime)));
+  const std::string symbol = absl::StrCat("capalloc_scenario_", kernel);
+  auto address = detail::plugin_symbol(plugin, symbol.c_str());
+  if (!address.ok()) {
+    return absl::UnavailableError(absl::StrFormat("scenario kernel %s: %s", kernel,
+                                                  address.status().message()));
+  }
+  const int rc = reinterpret_cast<Launcher>(*address)(args..., stream);
   if (rc == 0) return absl::OkStatus();
-  if (rc == -1) {
-    return absl::UnavailableError(absl::StrFormat(
-        "scenario kernel %s was not built for the %s runtime", std::string(kernel),
-        std::string(runtime)));
-  }
   return absl::InternalError(absl::StrFormat("scenario kernel %s on %s: launch failed (error %d)",
-                                             std::string(kernel), std::string(runtime), rc));
+                                             kernel, std::string(runtime_kind_name(runtime)), rc));
 }
 
-[[maybe_unused]] constexpr int kNotBuilt = -1;
+using FillLauncher = int (*)(float*, std::size_t, float, void*);
+using ScaleLauncher = int (*)(float*, const float*, std::size_t, float, void*);
+using SumLauncher = int (*)(float*, const float*, std::size_t, void*);
 
 }  // namespace
 
@@ -57,23 +49,8 @@ KernelLaunch fill_kernel(float* dst, std::size_t n, float value) {
   k.name = "fill";
   k.writes = {{dst, n * sizeof(float)}};
   k.host_body = [dst, n, value] { std::fill(dst, dst + n, value); };
-  k.device_body = [dst, n, value](std::string_view runtime, [[maybe_unused]] void* stream) {
-    return on_device(
-        "fill", runtime,
-        [&] {
-#if defined(CAPALLOC_SCENARIO_CUDA_KERNELS)
-          return capalloc_scenario_fill_cuda(dst, n, value, stream);
-#else
-          return kNotBuilt;
-#endif
-        },
-        [&] {
-#if defined(CAPALLOC_SCENARIO_HIP_KERNELS)
-          return capalloc_scenario_fill_hip(dst, n, value, stream);
-#else
-          return kNotBuilt;
-#endif
-        });
+  k.device_body = [dst, n, value](RuntimeKind runtime, void* stream) {
+    return on_device<FillLauncher>("fill", runtime, stream, dst, n, value);
   };
   return k;
 }
@@ -86,23 +63,8 @@ KernelLaunch scale_kernel(float* dst, const float* src, std::size_t n, float fac
   k.host_body = [dst, src, n, factor] {
     for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] * factor;
   };
-  k.device_body = [dst, src, n, factor](std::string_view runtime, [[maybe_unused]] void* stream) {
-    return on_device(
-        "scale", runtime,
-        [&] {
-#if defined(CAPALLOC_SCENARIO_CUDA_KERNELS)
-          return capalloc_scenario_scale_cuda(dst, src, n, factor, stream);
-#else
-          return kNotBuilt;
-#endif
-        },
-        [&] {
-#if defined(CAPALLOC_SCENARIO_HIP_KERNELS)
-          return capalloc_scenario_scale_hip(dst, src, n, factor, stream);
-#else
-          return kNotBuilt;
-#endif
-        });
+  k.device_body = [dst, src, n, factor](RuntimeKind runtime, void* stream) {
+    return on_device<ScaleLauncher>("scale", runtime, stream, dst, src, n, factor);
   };
   return k;
 }
@@ -117,23 +79,8 @@ KernelLaunch sum_kernel(float* dst, const float* src, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) total += src[i];
     dst[0] = static_cast<float>(total);
   };
-  k.device_body = [dst, src, n](std::string_view runtime, [[maybe_unused]] void* stream) {
-    return on_device(
-        "sum", runtime,
-        [&] {
-#if defined(CAPALLOC_SCENARIO_CUDA_KERNELS)
-          return capalloc_scenario_sum_cuda(dst, src, n, stream);
-#else
-          return kNotBuilt;
-#endif
-        },
-        [&] {
-#if defined(CAPALLOC_SCENARIO_HIP_KERNELS)
-          return capalloc_scenario_sum_hip(dst, src, n, stream);
-#else
-          return kNotBuilt;
-#endif
-        });
+  k.device_body = [dst, src, n](RuntimeKind runtime, void* stream) {
+    return on_device<SumLauncher>("sum", runtime, stream, dst, src, n);
   };
   return k;
 }

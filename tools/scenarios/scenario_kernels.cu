@@ -7,12 +7,12 @@
 #include <cuda_runtime.h>
 #define CAPALLOC_GPU(name) cuda##name
 #define CAPALLOC_GPU_NAMESPACE cuda_scenarios
-#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name##_cuda
+#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name
 #elif defined(CAPALLOC_DEVICE_API_HIP)
 #include <hip/hip_runtime.h>
 #define CAPALLOC_GPU(name) hip##name
 #define CAPALLOC_GPU_NAMESPACE hip_scenarios
-#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name##_hip
+#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name
 #else
 #error "define CAPALLOC_DEVICE_API_CUDA or CAPALLOC_DEVICE_API_HIP"
 #endif
@@ -61,19 +61,19 @@ inline unsigned blocks_for(std::size_t n) {
 namespace ns = capalloc::scenarios::CAPALLOC_GPU_NAMESPACE;
 
 // Each returns 0, or the native error code after a failed launch.
-extern "C" int CAPALLOC_LAUNCH(fill)(float* dst, std::size_t n, float value, void* stream) {
+extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(fill)(float* dst, std::size_t n, float value, void* stream) {
   ns::fill<<<ns::blocks_for(n), ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(dst, n, value);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }
 
-extern "C" int CAPALLOC_LAUNCH(scale)(float* dst, const float* src, std::size_t n, float factor,
+extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(scale)(float* dst, const float* src, std::size_t n, float factor,
                                       void* stream) {
   ns::scale<<<ns::blocks_for(n), ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(
       dst, src, n, factor);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }
 
-extern "C" int CAPALLOC_LAUNCH(sum)(float* dst, const float* src, std::size_t n, void* stream) {
+extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(sum)(float* dst, const float* src, std::size_t n, void* stream) {
   ns::sum<<<1, ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(dst, src, n);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }

@@ -1,0 +1,15 @@
+# check_no_gpu_runtime.cmake: fails when LIBRARY (libcapalloc.so) names a GPU
+# runtime (libcudart, libamdhip64, libcuda) among its needed libraries.
+find_program(READELF readelf REQUIRED)
+execute_process(COMMAND ${READELF} -d ${LIBRARY} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "readelf -d ${LIBRARY} failed")
+endif()
+string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${dynamic}")
+foreach(line IN LISTS needed)
+  if(line MATCHES "cudart|amdhip64|libcuda\\.")
+    message(FATAL_ERROR "${LIBRARY} needs a GPU runtime: ${line}")
+  endif()
+endforeach()
+list(LENGTH needed count)
+message(STATUS "${LIBRARY}: ${count} needed libraries, no GPU runtime among them")
