@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds capalloc and runs its whole test suite (the Catch2 suites and the
-# find_package consumer test) with CTest. Installs missing Debian packages
+# find_package consumer test) with CTest, then builds the tree again as a
+# plain Release build. Installs missing Debian packages
 # first, so this is one of the two set-up commands in README.md; .ci/run runs
 # exactly this.
 #
@@ -61,3 +62,12 @@ echo "test.sh: preset '$preset' in $build_dir/ with $jobs build jobs"
 "${run[@]}" cmake --preset "$preset"
 "${run[@]}" cmake --build --preset "$preset" --parallel "$jobs"
 "${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error "${ctest_args[@]}"
+
+# A plain Release build, with no preset and no other flag, as a user or a
+# packager would configure it (GCC 12 at -O3 warns where -O2 does not; the
+# tree is built with warnings as errors, the top-level default).
+if [[ -z "$sanitize" ]]; then
+  echo "test.sh: plain 'cmake -DCMAKE_BUILD_TYPE=Release' build in build-release/"
+  cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release
+  cmake --build build-release --parallel "$jobs"
+fi
