@@ -9,22 +9,11 @@
 // (arrival == split_k - 1) reduces the tile into C and resets the slot.
 #include "gemm/split_k_kernel.cuh"
 
-#if defined(CAPALLOC_DEVICE_API_CUDA)
-#include <cuda_runtime.h>
-#define CAPALLOC_GPU(name) cuda##name
-#define CAPALLOC_GPU_NAMESPACE cuda_kernels
-#elif defined(CAPALLOC_DEVICE_API_HIP)
-#include <hip/hip_runtime.h>
-#define CAPALLOC_GPU(name) hip##name
-#define CAPALLOC_GPU_NAMESPACE hip_kernels
-#else
-#error "define CAPALLOC_DEVICE_API_CUDA or CAPALLOC_DEVICE_API_HIP"
-#endif
+#include "common/device_api.cuh"
 
 #include <cstdio>
 
-// One namespace per toolkit: a library built with both holds both kernels.
-namespace capalloc::detail::splitk::CAPALLOC_GPU_NAMESPACE {
+namespace capalloc::detail::splitk::device {
 
 constexpr int kThreads = 256;
 
@@ -56,12 +45,13 @@ __global__ void __launch_bounds__(kThreads) split_k_gemm_kernel(Params p) {
   if (threadIdx.x == 0) atomicExch(&p.semaphore[tile], 0);
 }
 
-}  // namespace capalloc::detail::splitk::CAPALLOC_GPU_NAMESPACE
+}  // namespace capalloc::detail::splitk::device
 
 // Looked up by name in the backend plugin (gemm/split_k_device.cpp).
-extern "C" __attribute__((visibility("default"))) int capalloc_splitk_launch(const capalloc::detail::splitk::Params* params,
-                                      void* stream, char* error, unsigned long error_bytes) {
-  using namespace capalloc::detail::splitk::CAPALLOC_GPU_NAMESPACE;
+CAPALLOC_DEVICE_EXPORT int capalloc_splitk_launch(const capalloc::detail::splitk::Params* params,
+                                                  void* stream, char* error,
+                                                  unsigned long error_bytes) {
+  using namespace capalloc::detail::splitk::device;
   const dim3 grid(static_cast<unsigned>(params->tiles), static_cast<unsigned>(params->split_k));
   split_k_gemm_kernel<<<grid, kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(*params);
   const auto status = CAPALLOC_GPU(GetLastError)();

@@ -3,23 +3,11 @@
 // gemm/split_k_device.cu. Built by nvcc with CAPALLOC_DEVICE_API_CUDA and by
 // hipcc with CAPALLOC_DEVICE_API_HIP; kernels.cpp calls the launchers from a
 // KernelLaunch's device_body.
-#if defined(CAPALLOC_DEVICE_API_CUDA)
-#include <cuda_runtime.h>
-#define CAPALLOC_GPU(name) cuda##name
-#define CAPALLOC_GPU_NAMESPACE cuda_scenarios
-#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name
-#elif defined(CAPALLOC_DEVICE_API_HIP)
-#include <hip/hip_runtime.h>
-#define CAPALLOC_GPU(name) hip##name
-#define CAPALLOC_GPU_NAMESPACE hip_scenarios
-#define CAPALLOC_LAUNCH(name) capalloc_scenario_##name
-#else
-#error "define CAPALLOC_DEVICE_API_CUDA or CAPALLOC_DEVICE_API_HIP"
-#endif
+#include "common/device_api.cuh"
 
 #include <cstddef>
 
-namespace capalloc::scenarios::CAPALLOC_GPU_NAMESPACE {
+namespace capalloc::scenarios::device {
 
 constexpr int kThreads = 256;
 
@@ -56,24 +44,26 @@ inline unsigned blocks_for(std::size_t n) {
   return static_cast<unsigned>(b < 4096 ? (b == 0 ? 1 : b) : 4096);
 }
 
-}  // namespace capalloc::scenarios::CAPALLOC_GPU_NAMESPACE
+}  // namespace capalloc::scenarios::device
 
-namespace ns = capalloc::scenarios::CAPALLOC_GPU_NAMESPACE;
+namespace ns = capalloc::scenarios::device;
 
 // Each returns 0, or the native error code after a failed launch.
-extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(fill)(float* dst, std::size_t n, float value, void* stream) {
+CAPALLOC_DEVICE_EXPORT int capalloc_scenario_fill(float* dst, std::size_t n, float value,
+                                                  void* stream) {
   ns::fill<<<ns::blocks_for(n), ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(dst, n, value);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }
 
-extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(scale)(float* dst, const float* src, std::size_t n, float factor,
-                                      void* stream) {
+CAPALLOC_DEVICE_EXPORT int capalloc_scenario_scale(float* dst, const float* src, std::size_t n,
+                                                   float factor, void* stream) {
   ns::scale<<<ns::blocks_for(n), ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(
       dst, src, n, factor);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }
 
-extern "C" __attribute__((visibility("default"))) int CAPALLOC_LAUNCH(sum)(float* dst, const float* src, std::size_t n, void* stream) {
+CAPALLOC_DEVICE_EXPORT int capalloc_scenario_sum(float* dst, const float* src, std::size_t n,
+                                                 void* stream) {
   ns::sum<<<1, ns::kThreads, 0, static_cast<CAPALLOC_GPU(Stream_t)>(stream)>>>(dst, src, n);
   return static_cast<int>(CAPALLOC_GPU(GetLastError)());
 }
