@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/runtime.hpp"
@@ -60,6 +61,23 @@ int main() {
     return 1;
   }
   if (absl::Status s = alloc.CheckInvariants(); !s.ok()) return fail("CheckInvariants", s);
+
+  // Every backend plugin the build made is installed beside libcapalloc.so
+  // and found there: its runtime loads, or fails for a reason of its own (no
+  // device, its toolkit runtime missing), never "not found".
+  for (const char* kind : {"cuda", "hip"}) {
+    const std::string plugin = std::string("capalloc_backend_") + kind;
+    if (std::string(CAPALLOC_EXPECTED_BACKENDS).find(plugin) == std::string::npos) continue;
+    auto gpu = capalloc::make_runtime(kind);
+    if (gpu.ok()) continue;
+    const std::string why(gpu.status().message());
+    if (why.find("not there") != std::string::npos) {
+      std::fprintf(stderr, "consumer_cpp: the installed %s backend was not found: %s\n", kind,
+                   why.c_str());
+      return 1;
+    }
+    std::printf("consumer_cpp: %s backend found; %s\n", kind, why.c_str());
+  }
 
   std::printf("consumer_cpp: ok (%s runtime, peak %lld bytes)\n",
               std::string(alloc.runtime().name()).c_str(),

@@ -92,6 +92,7 @@ run_step("configure tests/consumer"
   "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
   "-DCMAKE_C_COMPILER=${C_COMPILER}"
   "-DREADME_EXAMPLES_DIR=${readme_dir}"
+  "-DEXPECTED_BACKENDS=${BACKENDS}"
   ${flag_args})
 
 # The package must come from the scratch prefix, not from the build tree or
