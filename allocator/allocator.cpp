@@ -196,14 +196,18 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Mem
     return absl::InvalidArgumentError(absl::StrFormat(
         "round_granularity %d must be a power of two of at least 256", options.round_granularity));
   }
+  if (options.small_segment_bytes % options.round_granularity != 0 ||
+      options.large_segment_bytes % options.round_granularity != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "round_granularity %d must divide the segment sizes (small_segment_bytes %d, "
+        "large_segment_bytes %d): with the default segments, at most 2 MiB",
+        options.round_granularity, options.small_segment_bytes, options.large_segment_bytes));
+  }
   if (options.small_segment_bytes < options.small_request_limit ||
       options.large_segment_bytes < options.medium_request_limit ||
-      options.small_request_limit > options.medium_request_limit ||
-      options.small_segment_bytes % options.round_granularity != 0 ||
-      options.large_segment_bytes % options.round_granularity != 0) {
+      options.small_request_limit > options.medium_request_limit) {
     return absl::InvalidArgumentError(
-        "segment sizes must hold their size class's largest request and be multiples of the "
-        "granularity");
+        "segment sizes must hold their size class's largest request");
   }
   const int device_count = runtime->device_count();
   if (device_count <= 0) {

@@ -1,42 +1,23 @@
-// allocator/options.cpp: the environment overrides of AllocatorOptions.
-//
-// Every option has one CAPALLOC_* variable; an unparsable value is an error
-// that names the variable rather than a silent fallback to the default.
-#include <bit>
-#include <cstdlib>
-#include <memory>
+// allocator/options.cpp: the environment overrides of AllocatorOptions, read
+// through the configuration table (common/config.hpp): an unset or empty
+// variable keeps the default, an invalid one is an error naming it.
 #include <string>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "capalloc/allocator.hpp"
+#include "common/config.hpp"
 
 namespace capalloc {
 
-
 absl::StatusOr<AllocatorOptions> AllocatorOptions::from_env() {
   AllocatorOptions options;
-  if (const char* value = std::getenv("CAPALLOC_ROUND_GRANULARITY"); value != nullptr && *value) {
-    std::uint64_t granularity = 0;
-    if (!absl::SimpleAtoi(value, &granularity) || granularity < 256 ||
-        !std::has_single_bit(granularity)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CAPALLOC_ROUND_GRANULARITY='", value,
-                       "' must be a power of two of at least 256 (bytes)"));
-    }
-    options.round_granularity = static_cast<std::size_t>(granularity);
-  }
-  if (const char* value = std::getenv("CAPALLOC_CAPTURE_GUARD_SCOPE"); value != nullptr && *value) {
-    const std::string scope(value);
-    if (scope == "device") {
-      options.capture_guard_scope = CaptureGuardScope::kDevice;
-    } else if (scope == "stream") {
-      options.capture_guard_scope = CaptureGuardScope::kStream;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CAPALLOC_CAPTURE_GUARD_SCOPE='", scope, "' must be 'device' or 'stream'"));
-    }
-  }
+  const absl::StatusOr<std::uint64_t> granularity =
+      config::get_number(config::Var::kRoundGranularity);
+  if (!granularity.ok()) return granularity.status();
+  options.round_granularity = static_cast<std::size_t>(*granularity);
+  const absl::StatusOr<std::string> scope = config::get_choice(config::Var::kCaptureGuardScope);
+  if (!scope.ok()) return scope.status();
+  options.capture_guard_scope =
+      *scope == "stream" ? CaptureGuardScope::kStream : CaptureGuardScope::kDevice;
   return options;
 }
 

@@ -1,11 +1,13 @@
 // c_api/global.cpp: see global.hpp.
 #include "c_api/global.hpp"
 
-#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
+#include "common/config.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 #include "runtime/runtime_factory.hpp"
 
 namespace capalloc::detail {
@@ -13,13 +15,17 @@ namespace capalloc::detail {
 namespace {
 
 absl::StatusOr<GlobalCapalloc> make_global() {
-  const char* kind = std::getenv("CAPALLOC_RUNTIME");
-  auto chosen = choose_runtime(kind != nullptr && *kind ? kind : "auto");
-  if (!chosen.ok()) return chosen.status();
+  // Every variable first (common/config.hpp): an invalid one fails the start
+  // the same way, whichever it is, before anything is created.
+  CAPALLOC_ASSIGN_OR_RETURN(const std::string kind, config::get_choice(config::Var::kRuntime));
+  // The logger applies the level itself when it starts; here it is checked.
+  CAPALLOC_RETURN_IF_ERROR(log_level_from_env().status());
   auto options = AllocatorOptions::from_env();
   if (!options.ok()) return options.status();
   auto tracker_options = TrackerOptions::from_env();
   if (!tracker_options.ok()) return tracker_options.status();
+  auto chosen = choose_runtime(kind);
+  if (!chosen.ok()) return chosen.status();
   auto allocator = Allocator::create(chosen->runtime, *options);
   if (!allocator.ok()) return allocator.status();
   auto tracker = CaptureTracker::create(**allocator, *tracker_options);

@@ -4,8 +4,10 @@
 //
 // Created on first use over the runtime named by CAPALLOC_RUNTIME (default
 // "auto") with AllocatorOptions::from_env() and TrackerOptions::from_env().
-// If creation fails, every later call gets the same error; the process does
-// not retry with other settings. Never destroyed: blocks may be freed from
+// Every CAPALLOC_* variable it depends on (CAPALLOC_LOG_LEVEL too) is read
+// through common/config.hpp: an invalid one fails creation with a message
+// naming it. If creation fails, every later call gets the same error; the
+// process does not retry with other settings. Never destroyed: blocks may be freed from
 // static destructors of the host application after ours would have run.
 #ifndef CAPALLOC_C_API_GLOBAL_HPP_
 #define CAPALLOC_C_API_GLOBAL_HPP_

@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/config.hpp"
 #include "common/log.hpp"
 #include "capalloc/capture.hpp"
 #include "capture/alias_rule.hpp"
@@ -24,16 +25,10 @@ using detail::IndexedRecord;
 
 absl::StatusOr<TrackerOptions> TrackerOptions::from_env() {
   TrackerOptions options;
-  if (const char* value = std::getenv("CAPALLOC_STRICT"); value != nullptr && *value) {
-    const std::string v(value);
-    if (v != "0" && v != "1" && v != "possible") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CAPALLOC_STRICT='", v, "' must be 0 (off), 1 (refuse hazards) or possible (refuse "
-          "hazards and possible findings)"));
-    }
-    options.strict = v != "0";
-    options.strict_possible = v == "possible";
-  }
+  const absl::StatusOr<std::string> strict = config::get_choice(config::Var::kStrict);
+  if (!strict.ok()) return strict.status();
+  options.strict = *strict != "0";
+  options.strict_possible = *strict == "possible";
   return options;
 }
 

@@ -14,12 +14,13 @@ set(CAPALLOC_BACKENDS "")
 
 # capalloc_backend(<kind> <runtime source> <device objects or sources>...): the
 # backend plugin libcapalloc_backend_<kind>.so, built next to libcapalloc and
-# installed beside it. It carries its own copy of the logger (common/log.cpp
-# finds libcapalloc's through spdlog's registry); the caller adds the
-# toolkit's includes, definitions and runtime library.
+# installed beside it. It carries its own copy of the logger (common/log.cpp,
+# and common/config.cpp, through which it reads its level); the logger finds
+# libcapalloc's through spdlog's registry. The caller adds the toolkit's
+# includes, definitions and runtime library.
 function(capalloc_backend kind runtime_source)
   set(target capalloc_backend_${kind})
-  add_library(${target} MODULE ${runtime_source} common/log.cpp ${ARGN})
+  add_library(${target} MODULE ${runtime_source} common/log.cpp common/config.cpp ${ARGN})
   target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
   target_compile_definitions(${target} PRIVATE CAPALLOC_BUILDING_LIBRARY
     CAPALLOC_VERSION="${PROJECT_VERSION}")

@@ -1,13 +1,13 @@
 // common/log.cpp: the library's logger (see log.hpp).
 #include "common/log.hpp"
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "capalloc/runtime.hpp"
+#include "common/config.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 
 namespace capalloc {
@@ -22,16 +22,15 @@ spdlog::logger& log() {
     if (auto existing = spdlog::get("capalloc")) return existing;
     auto l = spdlog::stderr_color_mt("capalloc");
     l->set_level(spdlog::level::warn);
-    if (const char* level = std::getenv("CAPALLOC_LOG_LEVEL"); level != nullptr && *level) {
-      const auto parsed = spdlog::level::from_str(level);
-      // from_str maps unknown names to "off"; only accept what was asked for.
-      if (parsed != spdlog::level::off || std::string(level) == "off") {
-        l->set_level(parsed);
-      } else {
-        l->warn("CAPALLOC_LOG_LEVEL='{}' is not one of trace|debug|info|warn|error|off", level);
-      }
-    }
     l->set_pattern("[capalloc %l] %v");
+    // The one reading of CAPALLOC_LOG_LEVEL (config.hpp's policy). The
+    // logger cannot fail, so an invalid value keeps "warn" and says so; the
+    // C ABI and the CLI refuse to start on it (log_level_from_env).
+    if (absl::StatusOr<std::string> level = log_level_from_env(); level.ok()) {
+      l->set_level(spdlog::level::from_str(*level));
+    } else {
+      l->error("{}", std::string(level.status().message()));
+    }
     return l;
   }();
   return *logger;
@@ -40,14 +39,17 @@ spdlog::logger& log() {
 }  // namespace detail
 
 absl::Status set_log_level(std::string_view level) {
-  const std::string name(level);
-  const auto parsed = spdlog::level::from_str(name);
-  if (parsed == spdlog::level::off && name != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log level '", name, "' is not one of trace|debug|info|warn|error|off"));
+  const config::Variable& v = config::variable(config::Var::kLogLevel);
+  if (!config::problem(v, level).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("log level '", std::string(level),
+                                                   "' is not ", config::accepted(v)));
   }
-  detail::log().set_level(parsed);
+  detail::log().set_level(spdlog::level::from_str(std::string(level)));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> log_level_from_env() {
+  return config::get_choice(config::Var::kLogLevel);
 }
 
 }  // namespace capalloc

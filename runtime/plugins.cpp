@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/config.hpp"
 #include "common/log.hpp"
 
 namespace capalloc::detail {
@@ -49,7 +49,7 @@ std::string backend_stem(RuntimeKind kind) {
 
 std::vector<std::string> plugin_search_path() {
   std::vector<std::string> dirs;
-  if (const char* path = std::getenv("CAPALLOC_BACKEND_PATH"); path != nullptr && *path) {
+  if (const std::string path = config::get_text(config::Var::kBackendPath); !path.empty()) {
     for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
       dirs.emplace_back(dir);
     }

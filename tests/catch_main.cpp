@@ -4,13 +4,14 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-
 #include "capalloc/runtime.hpp"
+#include "common/config.hpp"
 
 namespace {
 const bool quiet_log = [] {
-  if (std::getenv("CAPALLOC_LOG_LEVEL") == nullptr) capalloc::set_log_level("error").IgnoreError();
+  if (!capalloc::config::is_set(capalloc::config::Var::kLogLevel)) {
+    capalloc::set_log_level("error").IgnoreError();
+  }
   return true;
 }();
 }  // namespace

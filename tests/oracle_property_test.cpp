@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "capalloc/runtime.hpp"
+#include "common/config.hpp"
 #include "oracle/program.hpp"
 #include "oracle/replay_check.hpp"
 #include "test_support.hpp"
@@ -23,9 +24,12 @@ using namespace capalloc::oracle;
 
 namespace {
 
-std::uint64_t env_or(const char* name, std::uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
+// The run's size from CAPALLOC_ORACLE_* (common/config.hpp: unset means the
+// default, an invalid value fails the test naming the variable).
+std::uint64_t env_number(capalloc::config::Var id) {
+  auto n = capalloc::config::get_number(id);
+  if (!n.ok()) FAIL(n.status().ToString());
+  return *n;
 }
 
 bool fails(const Program& q) {
@@ -37,10 +41,11 @@ bool fails(const Program& q) {
 
 TEST_CASE("random capture programs: every verdict agrees with the replay", "[oracle]") {
   capalloc::set_log_level("off").IgnoreError();
-  const std::uint64_t programs = env_or("CAPALLOC_ORACLE_PROGRAMS", 10000);
-  const std::uint64_t seed = env_or("CAPALLOC_ORACLE_SEED", 1);
+  using capalloc::config::Var;
+  const std::uint64_t programs = env_number(Var::kOraclePrograms);
+  const std::uint64_t seed = env_number(Var::kOracleSeed);
   // CAPALLOC_ORACLE_FIRST: the first program's number (to rerun one failure).
-  const std::uint64_t first = env_or("CAPALLOC_ORACLE_FIRST", 0);
+  const std::uint64_t first = env_number(Var::kOracleFirst);
   const auto start = std::chrono::steady_clock::now();
   OracleStats total;
   for (std::uint64_t k = first; k < first + programs; ++k) {

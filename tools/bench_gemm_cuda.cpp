@@ -29,6 +29,7 @@
 #include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"
 #include "capalloc/runtime.hpp"
+#include "common/config.hpp"
 #include "gemm/numeric.hpp"
 
 namespace {
@@ -70,8 +71,8 @@ void resolve(void* library, const char* name, Fn& out) {
 }
 
 Cublas load_cublas() {
-  const char* env = std::getenv("CAPALLOC_CUBLAS_LIBRARY");
-  const std::string path = env != nullptr && *env != '\0' ? env : "libcublas.so.13";
+  // CAPALLOC_CUBLAS_LIBRARY, read through common/config.hpp (README, configuration).
+  const std::string path = capalloc::config::get_text(capalloc::config::Var::kCublasLibrary);
   void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     std::fprintf(stderr,

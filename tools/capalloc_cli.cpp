@@ -1,16 +1,21 @@
 // tools/capalloc_cli.cpp: the `capalloc` command-line tool.
 //
-//   capalloc arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]
+//   capalloc arms [--arm A|B|C|D|all] [--json] [settings]
 //       seed 003's four aliasing arms with capalloc as the allocator, and the fix
-//   capalloc gemm-scenario [--runtime host|cuda|hip|auto] [--strict] [--json]
+//   capalloc gemm-scenario [--json] [settings]
 //       seed 003's wrong-GEMM scenario, status quo against capalloc
-//   capalloc describe [--runtime host|cuda|hip|auto]
+//   capalloc describe [settings]
 //       the allocator's self-description, after a small exercise
 //
+// Settings (tools/cli.hpp): --runtime, --round-granularity,
+// --capture-guard-scope, --strict[=0|1|possible], --log-level; each
+// overrides its CAPALLOC_* variable (README, configuration). `capalloc
+// <command> --help` lists a command's flags.
+//
 // Exit status: 0 on success (for scenarios: every observation matched the
-// seed), 1 on a failure or a mismatch, 2 on a usage error.
+// seed), 1 on a failure or a mismatch, 2 on a usage error (an unknown command
+// or flag, a missing or invalid value, an invalid CAPALLOC_* variable).
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,40 +27,10 @@ namespace capalloc::cli {
 
 namespace {
 
-const char* const kUsage =
-    "usage: capalloc <command> [options]\n"
-    "commands:\n"
-    "  arms [--arm A|B|C|D|all] [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
-    "      replay seed 003's four aliasing arms with capalloc as the allocator, then the fix\n"
-    "  gemm-scenario [--runtime host|cuda|hip|auto] [--strict] [--json]\n"
-    "      seed 003's wrong-GEMM scenario: a stream-keyed split-K cache against capalloc's\n"
-    "  describe [--runtime host|cuda|hip|auto]\n"
-    "      the allocator's self-description and stats after a small exercise\n";
-
-}  // namespace
-
-int fail(const absl::Status& s) {
-  std::fprintf(stderr, "capalloc: %s\n", s.ToString().c_str());
-  return 1;
-}
-
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "capalloc: %s\n%s", message.c_str(), kUsage);
-  return 2;
-}
-
-int describe_command(const Args& args) {
-  std::string runtime_name = "auto";
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--runtime" && i + 1 < args.size()) {
-      runtime_name = args[++i];
-    } else {
-      return usage_error("describe: unknown argument '" + args[i] + "'");
-    }
-  }
-  auto runtime = make_runtime(runtime_name);
+int describe_command(const Settings& settings) {
+  auto runtime = make_runtime(settings.runtime);
   if (!runtime.ok()) return fail(runtime.status());
-  auto allocator = Allocator::create(*runtime);
+  auto allocator = Allocator::create(*runtime, settings.allocator);
   if (!allocator.ok()) return fail(allocator.status());
   Allocator& a = **allocator;
   DeviceRuntime& rt = **runtime;
@@ -82,21 +57,42 @@ int describe_command(const Args& args) {
   return 0;
 }
 
+}  // namespace
+
+void add_describe_command(CLI::App& app, Runner& run) {
+  CLI::App* command = app.add_subcommand(
+      "describe", "the allocator's self-description and stats after a small exercise");
+  auto flags = std::make_shared<SettingsFlags>(
+      *command, kRuntimeFlag | kGranularityFlag | kLogLevelFlag);
+  command->callback([flags, &run] {
+    run = [flags] {
+      auto settings = flags->start();
+      if (!settings.ok()) return usage_error(settings.status());
+      return describe_command(*settings);
+    };
+  });
+}
+
 }  // namespace capalloc::cli
 
 int main(int argc, char** argv) {
   using namespace capalloc::cli;
-  // The CLI prints findings itself; the log repeats them only when asked.
-  if (std::getenv("CAPALLOC_LOG_LEVEL") == nullptr) capalloc::set_log_level("error").IgnoreError();
-  if (argc < 2) return usage_error("no command given");
-  const std::string command = argv[1];
-  const Args args(argv + 2, argv + argc);
-  if (command == "arms") return arms_command(args);
-  if (command == "gemm-scenario") return gemm_scenario_command(args);
-  if (command == "describe") return describe_command(args);
-  if (command == "help" || command == "--help" || command == "-h") {
-    std::printf("%s", kUsage);
-    return 0;
+  CLI::App app("capalloc: a graph-capture-aware device memory allocator; seed 003's scenarios "
+               "and the allocator's self-description",
+               "capalloc");
+  // At most one command; none is refused after parsing, so that an unknown
+  // word is reported as such rather than as a missing command.
+  app.require_subcommand(0, 1);
+  Runner run;
+  add_arms_command(app, run);
+  add_gemm_scenario_command(app, run);
+  add_describe_command(app, run);
+  try {
+    app.parse(argc, argv);
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario or describe)");
+  } catch (const CLI::ParseError& e) {
+    // --help prints and exits 0; every other parse error is a usage error.
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  return usage_error("unknown command '" + command + "'");
+  return run();
 }

@@ -1,30 +1,88 @@
 // tools/cli.hpp: the `capalloc` CLI's sub-commands and what they share.
-// Each command takes its arguments (after the command name) and returns the
-// process exit status: 0 success (and, for scenarios, every observation
-// matched), 1 a failure or a mismatch, 2 a usage error.
+//
+// Arguments go through CLI11: every command has --help, every value is
+// checked, and a usage error (unknown command or flag, missing or invalid
+// value) exits with 2. A command returns the process exit status: 0 success
+// (and, for scenarios, every observation matched), 1 a failure or a
+// mismatch, 2 a usage error (an invalid CAPALLOC_* variable included).
 #ifndef CAPALLOC_TOOLS_CLI_HPP_
 #define CAPALLOC_TOOLS_CLI_HPP_
 
+#include <functional>
 #include <memory>
 #include <string>
-#include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "capalloc/allocator.hpp"
+#include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
 
 namespace capalloc::cli {
 
-using Args = std::vector<std::string>;
+// What the commands take from the CAPALLOC_* variables. Each has a flag; a
+// flag given on the command line wins over its variable (read through
+// common/config.hpp, with its policy), the variable over the default.
+struct Settings {
+  std::string runtime = "auto";        // --runtime, CAPALLOC_RUNTIME
+  AllocatorOptions allocator;          // --round-granularity, CAPALLOC_ROUND_GRANULARITY;
+                                       // --capture-guard-scope, CAPALLOC_CAPTURE_GUARD_SCOPE
+  TrackerOptions tracker;              // --strict, CAPALLOC_STRICT
+  std::string log_level = "error";     // --log-level, CAPALLOC_LOG_LEVEL; the CLI prints
+                                       // findings itself, so its default is quieter
+};
 
-int describe_command(const Args& args);
-int arms_command(const Args& args);
-int gemm_scenario_command(const Args& args);
+// Which settings a command has flags for (and so reads).
+enum SettingFlag : unsigned {
+  kRuntimeFlag = 1u << 0,
+  kGranularityFlag = 1u << 1,
+  kGuardScopeFlag = 1u << 2,
+  kStrictFlag = 1u << 3,
+  kLogLevelFlag = 1u << 4,
+  kAllSettingFlags = (1u << 5) - 1,
+};
+
+// The settings' flags on one command. Construct it before parsing; it must
+// outlive the parse (CLI11 writes into it).
+class SettingsFlags {
+ public:
+  SettingsFlags(CLI::App& command, unsigned flags);
+  SettingsFlags(const SettingsFlags&) = delete;
+  SettingsFlags& operator=(const SettingsFlags&) = delete;
+
+  // After parsing: each setting from its flag, else its variable, else its
+  // default, and the log level set. An invalid variable (one no flag
+  // overrides) is kInvalidArgument naming it.
+  absl::StatusOr<Settings> start() const;
+
+ private:
+  unsigned flags_;
+  std::string runtime_, granularity_, guard_scope_, strict_, log_level_;
+  CLI::Option* runtime_option_ = nullptr;
+  CLI::Option* granularity_option_ = nullptr;
+  CLI::Option* guard_scope_option_ = nullptr;
+  CLI::Option* strict_option_ = nullptr;
+  CLI::Option* log_level_option_ = nullptr;
+};
+
+// Each adds its command to `app`; once the command line has been parsed,
+// `run` holds what runs the chosen command.
+using Runner = std::function<int()>;
+void add_describe_command(CLI::App& app, Runner& run);
+void add_arms_command(CLI::App& app, Runner& run);
+void add_gemm_scenario_command(CLI::App& app, Runner& run);
+
+// " (strict mode)", " (strict mode, possible findings too)" or "": for the
+// scenarios' headers.
+const char* strict_label(const TrackerOptions& tracker);
 
 // Prints "capalloc: <status>" to stderr and returns 1.
 int fail(const absl::Status& status);
-// Prints a usage error and returns 2.
-int usage_error(const std::string& message);
+// Prints "capalloc: <status>" to stderr and returns 2 (a usage error: an
+// invalid setting).
+int usage_error(const absl::Status& status);
 
 }  // namespace capalloc::cli
 

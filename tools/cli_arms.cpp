@@ -110,47 +110,35 @@ std::string to_json(std::string_view runtime, bool strict, const std::vector<Arm
   return j.str();
 }
 
-}  // namespace
-
-int arms_command(const Args& args) {
+struct ArmsFlags {
   std::string which = "all";
-  std::string runtime_name = "auto";
-  bool strict = false;
   bool json = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--arm" && i + 1 < args.size()) {
-      which = args[++i];
-    } else if (args[i] == "--runtime" && i + 1 < args.size()) {
-      runtime_name = args[++i];
-    } else if (args[i] == "--strict") {
-      strict = true;
-    } else if (args[i] == "--json") {
-      json = true;
-    } else {
-      return usage_error("arms: unknown argument '" + args[i] + "'");
-    }
-  }
-  std::string arms;
-  if (which == "all") {
-    arms = "ABCD";
-  } else if (which.size() == 1 && which[0] >= 'A' && which[0] <= 'D') {
-    arms = which;
-  } else {
-    return usage_error("arms: --arm takes A, B, C, D or all, not '" + which + "'");
-  }
-  auto runtime = make_runtime(runtime_name);
+  std::unique_ptr<SettingsFlags> settings;
+};
+
+int arms_command(const ArmsFlags& flags) {
+  auto settings = flags.settings->start();
+  if (!settings.ok()) return usage_error(settings.status());
+  const std::string& which = flags.which;
+  const bool json = flags.json;
+  const bool strict = settings->tracker.strict;
+  const std::string arms = which == "all" ? "ABCD" : which;
+  const scenarios::ArmsOptions options{.strict = strict,
+                                       .strict_possible = settings->tracker.strict_possible,
+                                       .allocator = settings->allocator};
+  auto runtime = make_runtime(settings->runtime);
   if (!runtime.ok()) return fail(runtime.status());
   const std::string runtime_label((*runtime)->name());
   if (!json) {
     std::printf("capalloc arms: seed 003's four arms on the %s runtime, capalloc as the allocator%s\n"
                 "N = %zu float32 (1 MiB), src = 3.0, T = src * 2, canary %.1f\n",
-                runtime_label.c_str(), strict ? " (strict mode)" : "", scenarios::kArmElements,
+                runtime_label.c_str(), strict_label(settings->tracker), scenarios::kArmElements,
                 scenarios::kCanary);
   }
   std::vector<ArmResult> results;
   bool all_match = true;
   for (char arm : arms) {
-    auto r = scenarios::run_arm(arm, *runtime, {.strict = strict});
+    auto r = scenarios::run_arm(arm, *runtime, options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
@@ -158,7 +146,7 @@ int arms_command(const Args& args) {
   }
   std::unique_ptr<FixResult> fix;
   if (which == "all") {
-    auto r = scenarios::run_fix(*runtime, {.strict = strict});
+    auto r = scenarios::run_fix(*runtime, options);
     if (!r.ok()) return fail(r.status());
     fix = std::make_unique<FixResult>(*std::move(r));
     all_match = all_match && fix->expected_match;
@@ -170,6 +158,20 @@ int arms_command(const Args& args) {
     std::printf("\nevery observation matches seed 003: %s\n", all_match ? "yes" : "NO");
   }
   return all_match ? 0 : 1;
+}
+
+}  // namespace
+
+void add_arms_command(CLI::App& app, Runner& run) {
+  CLI::App* command = app.add_subcommand(
+      "arms", "replay seed 003's four aliasing arms with capalloc as the allocator, then the fix");
+  auto flags = std::make_shared<ArmsFlags>();
+  command->add_option("--arm", flags->which, "the arm to run (all: the four and the fix)")
+      ->check(CLI::IsMember({"A", "B", "C", "D", "all"}))
+      ->capture_default_str();
+  command->add_flag("--json", flags->json, "one JSON object instead of text");
+  flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
+  command->callback([flags, &run] { run = [flags] { return arms_command(*flags); }; });
 }
 
 }  // namespace capalloc::cli

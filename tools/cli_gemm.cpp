@@ -96,24 +96,21 @@ std::string to_json(std::string_view runtime, bool strict, const std::vector<Gem
   return j.str();
 }
 
-}  // namespace
-
-int gemm_scenario_command(const Args& args) {
-  std::string runtime_name = "auto";
+struct GemmFlags {
   bool json = false;
-  bool strict = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--runtime" && i + 1 < args.size()) {
-      runtime_name = args[++i];
-    } else if (args[i] == "--json") {
-      json = true;
-    } else if (args[i] == "--strict") {
-      strict = true;
-    } else {
-      return usage_error("gemm-scenario: unknown argument '" + args[i] + "'");
-    }
-  }
-  auto runtime = make_runtime(runtime_name);
+  std::unique_ptr<SettingsFlags> settings;
+};
+
+int gemm_scenario_command(const GemmFlags& flags) {
+  auto settings = flags.settings->start();
+  if (!settings.ok()) return usage_error(settings.status());
+  const bool json = flags.json;
+  const bool strict = settings->tracker.strict;
+  const scenarios::GemmScenarioOptions options{
+      .strict = strict,
+      .strict_possible = settings->tracker.strict_possible,
+      .allocator = settings->allocator};
+  auto runtime = make_runtime(settings->runtime);
   if (!runtime.ok()) return fail(runtime.status());
   const std::string runtime_label((*runtime)->name());
   if (!json) {
@@ -122,12 +119,12 @@ int gemm_scenario_command(const Args& args) {
                 "output; decoy, g1 (cache miss) and g2 (cache hit) captured on one side stream "
                 "into one shared pool%s\n",
                 runtime_label.c_str(), scenarios::kGemmM, scenarios::kGemmN, scenarios::kGemmK,
-                scenarios::kGemmSplitK, strict ? " (strict mode)" : "");
+                scenarios::kGemmSplitK, strict_label(settings->tracker));
   }
   std::vector<GemmArmResult> arms;
   bool all_match = true;
   for (bool status_quo : {true, false}) {
-    auto r = scenarios::run_gemm_arm(status_quo, *runtime, {.strict = strict});
+    auto r = scenarios::run_gemm_arm(status_quo, *runtime, options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
@@ -143,6 +140,18 @@ int gemm_scenario_command(const Args& args) {
                 all_match ? "yes" : "NO");
   }
   return all_match ? 0 : 1;
+}
+
+}  // namespace
+
+void add_gemm_scenario_command(CLI::App& app, Runner& run) {
+  CLI::App* command = app.add_subcommand(
+      "gemm-scenario",
+      "seed 003's wrong-GEMM scenario: a stream-keyed split-K cache against capalloc's");
+  auto flags = std::make_shared<GemmFlags>();
+  command->add_flag("--json", flags->json, "one JSON object instead of text");
+  flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
+  command->callback([flags, &run] { run = [flags] { return gemm_scenario_command(*flags); }; });
 }
 
 }  // namespace capalloc::cli

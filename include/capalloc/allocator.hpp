@@ -52,7 +52,8 @@ inline constexpr PoolHandle kDefaultPool = 0;
 enum class CaptureGuardScope { kDevice, kStream };
 
 struct CAPALLOC_API AllocatorOptions {
-  // Sizes round up to a multiple of this; a power of two, at least 256. Block
+  // Sizes round up to a multiple of this; a power of two, at least 256, that
+  // divides both segment sizes (so at most 2 MiB with the defaults). Block
   // addresses are aligned to it as well.
   std::size_t round_granularity = 512;
   // Requests up to this size are served from small segments.
@@ -64,9 +65,11 @@ struct CAPALLOC_API AllocatorOptions {
   std::size_t large_segment_bytes = std::size_t{20} << 20;
   CaptureGuardScope capture_guard_scope = CaptureGuardScope::kDevice;
 
-  // Reads CAPALLOC_ROUND_GRANULARITY (bytes) and CAPALLOC_CAPTURE_GUARD_SCOPE
-  // (device|stream) over the defaults; an invalid value is an error naming
-  // the variable.
+  // Reads CAPALLOC_ROUND_GRANULARITY (bytes: a power of two from 256 to 2 MiB)
+  // and CAPALLOC_CAPTURE_GUARD_SCOPE (device|stream) over the defaults. An
+  // unset or empty variable keeps the default; an invalid value is
+  // kInvalidArgument naming the variable, the value and what is accepted
+  // (the policy of every CAPALLOC_* variable: README, configuration).
   static absl::StatusOr<AllocatorOptions> from_env();
 };
 

@@ -192,8 +192,10 @@ struct CAPALLOC_API TrackerOptions {
   bool strict = false;
   // With strict, also refuse replays of graphs with `possible` findings.
   bool strict_possible = false;
-  // Reads CAPALLOC_STRICT: 0 (off), 1 (refuse hazards) or possible (refuse
-  // hazards and possible findings).
+  // Reads CAPALLOC_STRICT: 0 (off, the default when unset or empty), 1
+  // (refuse hazards) or possible (refuse hazards and possible findings); any
+  // other value is kInvalidArgument naming the variable, the value and the
+  // accepted ones.
   static absl::StatusOr<TrackerOptions> from_env();
 };
 

@@ -342,6 +342,14 @@ CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_runtime(std::st
 // errors only), error or off. CAPALLOC_LOG_LEVEL sets it at start-up.
 CAPALLOC_API absl::Status set_log_level(std::string_view level);
 
+// The level CAPALLOC_LOG_LEVEL names ("warn" when unset or empty); an invalid
+// value is kInvalidArgument naming the variable, the value and the levels,
+// as for every CAPALLOC_* variable (README, configuration). The C ABI's
+// process-wide allocator fails to start on it, as on an invalid
+// AllocatorOptions::from_env(); the logger, which cannot fail, keeps "warn"
+// and logs the same message as an error when it starts.
+CAPALLOC_API absl::StatusOr<std::string> log_level_from_env();
+
 }  // namespace capalloc
 
 #endif  // CAPALLOC_RUNTIME_HPP_

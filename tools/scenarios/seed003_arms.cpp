@@ -30,8 +30,11 @@ class ArmWorld {
                                                           const ArmsOptions& options) {
     auto w = std::unique_ptr<ArmWorld>(new ArmWorld());
     w->rt_ = std::move(rt);
-    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_));
-    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_, CaptureTracker::create(*w->allocator_, {options.strict}));
+    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
+    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
+                              CaptureTracker::create(*w->allocator_,
+                                                     {.strict = options.strict,
+                                                      .strict_possible = options.strict_possible}));
     CAPALLOC_ASSIGN_OR_RETURN(w->side_, w->rt_->create_stream(0));
     return w;
   }

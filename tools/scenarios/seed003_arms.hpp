@@ -27,6 +27,8 @@ inline constexpr float kCanary = 1234.5f;
 
 struct ArmsOptions {
   bool strict = false;  // the tracker refuses replays of graphs with hazards
+  bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
+  AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
 };
 
 struct ReplayOutcome {

@@ -51,12 +51,14 @@ class Rng {
 class GemmWorld {
  public:
   static absl::StatusOr<std::unique_ptr<GemmWorld>> create(std::shared_ptr<DeviceRuntime> rt,
-                                                           bool strict) {
+                                                           const GemmScenarioOptions& options) {
     auto w = std::unique_ptr<GemmWorld>(new GemmWorld());
     w->rt_ = std::move(rt);
-    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_));
+    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
     CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
-                              CaptureTracker::create(*w->allocator_, {.strict = strict}));
+                              CaptureTracker::create(*w->allocator_,
+                                                     {.strict = options.strict,
+                                                      .strict_possible = options.strict_possible}));
     w->cache_ = std::make_unique<PersistentCache>(*w->allocator_);
     w->gemm_ = std::make_unique<SplitKGemm>(*w->allocator_, *w->cache_);
     CAPALLOC_ASSIGN_OR_RETURN(w->side_, w->rt_->create_stream(0));
@@ -164,7 +166,7 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
   GemmArmResult result;
   result.arm = status_quo ? "status_quo" : "capalloc";
   result.strict = options.strict;
-  CAPALLOC_ASSIGN_OR_RETURN(auto world, GemmWorld::create(std::move(runtime), options.strict));
+  CAPALLOC_ASSIGN_OR_RETURN(auto world, GemmWorld::create(std::move(runtime), options));
   GemmWorld& w = *world;
 
   // build(): a, b in fp8 from randn / 8; per-row and per-column scales from

@@ -57,6 +57,8 @@ inline constexpr int kGemmTilesInUse = kGemmN / 64;  // tile_n = 64, M = 1: 32
 
 struct GemmScenarioOptions {
   bool strict = false;  // the tracker refuses replays of graphs with hazards
+  bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
+  AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
 };
 
 // One arm: the status quo (stream-keyed buffers allocated in the capture) or

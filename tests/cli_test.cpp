@@ -1,0 +1,246 @@
+// The `capalloc` CLI run as a program (the built binary, CAPALLOC_CLI_PATH):
+// --help on the program and every command, missing, invalid and unknown
+// arguments (exit 2 with CLI11's message), the CAPALLOC_* variables honoured
+// and flags overriding them.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "test_support.hpp"
+
+extern char** environ;
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// Runs the CLI with `args` in this process's environment minus every
+// CAPALLOC_* variable, plus `env`.
+Run capalloc_cli(const std::vector<std::string>& args,
+                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "CAPALLOC_", 9) != 0) env_strings.emplace_back(*e);
+  }
+  for (const auto& [name, value] : env) env_strings.push_back(name + "=" + value);
+  std::vector<char*> envp;
+  for (std::string& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_strings = {CAPALLOC_CLI_PATH};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  char out_path[] = "/tmp/capalloc_cli_test_out_XXXXXX";
+  char err_path[] = "/tmp/capalloc_cli_test_err_XXXXXX";
+  const int out_fd = ::mkstemp(out_path);
+  const int err_fd = ::mkstemp(err_path);
+  REQUIRE(out_fd >= 0);
+  REQUIRE(err_fd >= 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(out_fd);
+  ::close(err_fd);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  Run r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  ::unlink(out_path);
+  ::unlink(err_path);
+  return r;
+}
+
+#define CHECK_RUN(run, code)                                              \
+  do {                                                                    \
+    INFO("stdout:\n" << (run).out << "\nstderr:\n" << (run).err);         \
+    CHECK((run).exit_code == (code));                                     \
+  } while (0)
+
+using Catch::Contains;
+
+}  // namespace
+
+TEST_CASE("cli: --help on the program lists the commands", "[cli]") {
+  for (const char* help : {"--help", "-h"}) {
+    const Run r = capalloc_cli({help});
+    CHECK_RUN(r, 0);
+    CHECK_THAT(r.out, Contains("arms"));
+    CHECK_THAT(r.out, Contains("gemm-scenario"));
+    CHECK_THAT(r.out, Contains("describe"));
+  }
+}
+
+TEST_CASE("cli: --help on every command lists its flags and their variables", "[cli]") {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> commands = {
+      {"arms",
+       {"--arm", "--json", "--runtime", "--round-granularity", "--capture-guard-scope", "--strict",
+        "--log-level", "CAPALLOC_RUNTIME", "CAPALLOC_ROUND_GRANULARITY",
+        "CAPALLOC_CAPTURE_GUARD_SCOPE", "CAPALLOC_STRICT", "CAPALLOC_LOG_LEVEL"}},
+      {"gemm-scenario",
+       {"--json", "--runtime", "--round-granularity", "--capture-guard-scope", "--strict",
+        "--log-level", "CAPALLOC_STRICT"}},
+      {"describe", {"--runtime", "--round-granularity", "--log-level", "CAPALLOC_RUNTIME"}},
+  };
+  for (const auto& [command, flags] : commands) {
+    INFO(command);
+    const Run r = capalloc_cli({command, "--help"});
+    CHECK_RUN(r, 0);
+    for (const std::string& flag : flags) CHECK_THAT(r.out, Contains(flag));
+  }
+}
+
+TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
+  SECTION("no command") {
+    const Run r = capalloc_cli({});
+    CHECK_RUN(r, 2);
+    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario or describe) is required"));
+  }
+  SECTION("unknown command") {
+    const Run r = capalloc_cli({"frobnicate"});
+    CHECK_RUN(r, 2);
+    CHECK_THAT(r.err, Contains("frobnicate"));
+  }
+  SECTION("unknown flag") {
+    const Run r = capalloc_cli({"arms", "--frobnicate"});
+    CHECK_RUN(r, 2);
+    CHECK_THAT(r.err, Contains("--frobnicate"));
+  }
+  SECTION("a missing value names the option and says it needs one") {
+    for (const char* option : {"--arm", "--runtime", "--round-granularity", "--log-level"}) {
+      INFO(option);
+      const Run r = capalloc_cli({"arms", option});
+      CHECK_RUN(r, 2);
+      CHECK_THAT(r.err, Contains(option));
+      CHECK_THAT(r.err, Contains("required"));
+      CHECK_THAT(r.err, !Contains("unknown argument"));
+    }
+  }
+  SECTION("invalid values") {
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"arms", "--arm", "E"}, "--arm"},
+        {{"arms", "--runtime", "gpu"}, "--runtime"},
+        {{"arms", "--strict=yes"}, "--strict"},
+        {{"gemm-scenario", "--capture-guard-scope", "process"}, "--capture-guard-scope"},
+        {{"describe", "--log-level", "loud"}, "--log-level"},
+        {{"describe", "--round-granularity", "3000"}, "is not a power of two"},
+        {{"describe", "--round-granularity", "4194304"}, "is too large"},
+        {{"describe", "--round-granularity", "512x"}, "is not a whole decimal number"},
+        {{"describe", "--round-granularity=-512"}, "is negative"},
+        {{"describe", "--round-granularity", "99999999999999999999999"}, "is too large"},
+    };
+    for (const auto& [args, message] : cases) {
+      INFO(args.back());
+      const Run r = capalloc_cli(args);
+      CHECK_RUN(r, 2);
+      CHECK_THAT(r.err, Contains(message));
+    }
+    const Run r = capalloc_cli({"describe", "--round-granularity", "3000"});
+    CHECK_THAT(r.err, Contains("a power of two from 256 to 2097152"));
+  }
+}
+
+TEST_CASE("cli: the CAPALLOC_* variables are honoured, and flags override them", "[cli]") {
+  SECTION("CAPALLOC_ROUND_GRANULARITY and --round-granularity") {
+    const Run from_env =
+        capalloc_cli({"describe", "--runtime", "host"}, {{"CAPALLOC_ROUND_GRANULARITY", "4096"}});
+    CHECK_RUN(from_env, 0);
+    CHECK_THAT(from_env.out, Contains("sizes round to 4.00 KiB"));
+    const Run flag = capalloc_cli({"describe", "--runtime", "host", "--round-granularity", "1024"},
+                                  {{"CAPALLOC_ROUND_GRANULARITY", "4096"}});
+    CHECK_RUN(flag, 0);
+    CHECK_THAT(flag.out, Contains("sizes round to 1.00 KiB"));
+    const Run neither = capalloc_cli({"describe", "--runtime", "host"});
+    CHECK_THAT(neither.out, Contains("sizes round to 512 B"));
+  }
+  SECTION("CAPALLOC_RUNTIME and --runtime") {
+    const Run from_env = capalloc_cli({"describe"}, {{"CAPALLOC_RUNTIME", "host"}});
+    CHECK_RUN(from_env, 0);
+    CHECK_THAT(from_env.out, Contains("capalloc on the host runtime"));
+    const Run bad = capalloc_cli({"describe"}, {{"CAPALLOC_RUNTIME", "gpu"}});
+    CHECK_RUN(bad, 2);
+    CHECK_THAT(bad.err, Contains("CAPALLOC_RUNTIME='gpu'"));
+    CHECK_THAT(bad.err, Contains("one of auto, host, cuda, hip"));
+    const Run flag = capalloc_cli({"describe", "--runtime", "host"}, {{"CAPALLOC_RUNTIME", "gpu"}});
+    CHECK_RUN(flag, 0);
+  }
+  SECTION("CAPALLOC_STRICT and --strict") {
+    const Run from_env = capalloc_cli({"arms", "--arm", "A", "--runtime", "host", "--json"},
+                                      {{"CAPALLOC_STRICT", "1"}});
+    CHECK_RUN(from_env, 0);
+    CHECK_THAT(from_env.out, Contains("\"strict\":true"));
+    const Run flag_off =
+        capalloc_cli({"arms", "--arm", "A", "--runtime", "host", "--json", "--strict=0"},
+                     {{"CAPALLOC_STRICT", "1"}});
+    CHECK_RUN(flag_off, 0);
+    CHECK_THAT(flag_off.out, Contains("\"strict\":false"));
+    const Run flag_on = capalloc_cli({"arms", "--arm", "A", "--runtime", "host", "--strict"});
+    CHECK_RUN(flag_on, 0);
+    CHECK_THAT(flag_on.out, Contains("(strict mode)"));
+    const Run possible =
+        capalloc_cli({"arms", "--arm", "A", "--runtime", "host"}, {{"CAPALLOC_STRICT", "possible"}});
+    CHECK_RUN(possible, 0);
+    CHECK_THAT(possible.out, Contains("(strict mode, possible findings too)"));
+    const Run bad = capalloc_cli({"arms", "--arm", "A", "--runtime", "host"},
+                                 {{"CAPALLOC_STRICT", "yes"}});
+    CHECK_RUN(bad, 2);
+    CHECK_THAT(bad.err, Contains("CAPALLOC_STRICT='yes'"));
+    CHECK_THAT(bad.err, Contains("one of 0, 1, possible"));
+  }
+  SECTION("CAPALLOC_LOG_LEVEL and --log-level") {
+    const Run bad = capalloc_cli({"describe", "--runtime", "host"}, {{"CAPALLOC_LOG_LEVEL", "loud"}});
+    CHECK_RUN(bad, 2);
+    CHECK_THAT(bad.err, Contains("CAPALLOC_LOG_LEVEL='loud'"));
+    const Run flag = capalloc_cli({"describe", "--runtime", "host", "--log-level", "off"},
+                                  {{"CAPALLOC_LOG_LEVEL", "loud"}});
+    CHECK_RUN(flag, 0);
+    // A level from the variable reaches the logger: runtime 'auto' says at
+    // info which runtime it chose; the flag wins; the CLI's default is quiet.
+    const Run info = capalloc_cli({"describe"}, {{"CAPALLOC_LOG_LEVEL", "info"}});
+    CHECK_RUN(info, 0);
+    CHECK_THAT(info.err, Contains("runtime 'auto'"));
+    const Run off = capalloc_cli({"describe", "--log-level", "off"}, {{"CAPALLOC_LOG_LEVEL", "info"}});
+    CHECK_RUN(off, 0);
+    CHECK(off.err.empty());
+    const Run quiet = capalloc_cli({"describe"});
+    CHECK_RUN(quiet, 0);
+    CHECK(quiet.err.empty());
+  }
+  SECTION("CAPALLOC_CAPTURE_GUARD_SCOPE") {
+    const Run bad = capalloc_cli({"gemm-scenario", "--runtime", "host"},
+                                 {{"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"}});
+    CHECK_RUN(bad, 2);
+    CHECK_THAT(bad.err, Contains("CAPALLOC_CAPTURE_GUARD_SCOPE='process'"));
+    const Run flag =
+        capalloc_cli({"arms", "--arm", "B", "--runtime", "host", "--capture-guard-scope", "stream"},
+                     {{"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"}});
+    CHECK_RUN(flag, 0);
+  }
+}
