@@ -35,7 +35,7 @@ import sys
 __all__ = [
     "CapallocError", "Finding", "load", "install", "check", "preallocate", "get",
     "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
-    "empty_cache", "active_hooks",
+    "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
 ]
 
 _OK = 0
@@ -194,6 +194,14 @@ def _declare(lib):
     lib.capalloc_get_stats.argtypes = [c_int, ctypes.POINTER(_Stats)]
     if hasattr(lib, "capalloc_get_strict"):
         lib.capalloc_get_strict.argtypes = [ctypes.POINTER(c_int)]
+    if hasattr(lib, "capalloc_torch_begin_allocate_to_pool"):
+        lib.capalloc_torch_begin_allocate_to_pool.argtypes = [c_int, c_u64, c_u64, c_void_p,
+                                                              c_void_p]
+        lib.capalloc_torch_end_allocate_to_pool.argtypes = [c_int, c_u64, c_u64, out_str]
+        lib.capalloc_torch_release_pool.argtypes = [c_int, c_u64, c_u64]
+    if hasattr(lib, "capalloc_torch_pool"):
+        lib.capalloc_torch_pool.argtypes = [c_int, c_u64, c_u64, ctypes.POINTER(c_u64),
+                                            ctypes.POINTER(c_int)]
 
 
 def load(path=None):
@@ -287,6 +295,33 @@ def active_hooks():
         "calls": dict(_shim.hook_counts()) if route == "shim" else {},
         "shim_error": _install_state["shim_error"],
     }
+
+
+def last_capture_findings():
+    """The findings capalloc returned at the end of the last capture through
+    the shim (PyTorch's endAllocateToPool, before the graph's first replay),
+    as Finding objects; [] before any, or without the shim."""
+    if _install_state["route"] != "shim":
+        return []
+    return [Finding(f) for f in json.loads(_shim.findings_of_last_end())]
+
+
+def torch_pool(device, pool_id):
+    """The capalloc graph pool that stands for PyTorch's pool `pool_id` (a
+    pair of ints, as torch.cuda.graph_pool_handle() returns) on `device`, and
+    how many captures use it: {"pool": handle, "uses": n}. CapallocError
+    (not found) when no capture uses it (the shim's pool hooks only)."""
+    device = _device("torch_pool", device)
+    try:
+        a, b = pool_id
+    except (TypeError, ValueError):
+        raise TypeError("torch_pool: pool_id must be a pair of ints (MempoolId_t), "
+                        f"not {pool_id!r}") from None
+    a = _int("torch_pool", "pool_id[0]", a, 0, _UINT64_MAX)
+    b = _int("torch_pool", "pool_id[1]", b, 0, _UINT64_MAX)
+    pool, uses = ctypes.c_uint64(), ctypes.c_int()
+    _call("capalloc_torch_pool", device, a, b, ctypes.byref(pool), ctypes.byref(uses))
+    return {"pool": pool.value, "uses": uses.value}
 
 
 # --- The check, buffers, stats -----------------------------------------------

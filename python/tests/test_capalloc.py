@@ -236,6 +236,25 @@ class CallTest(unittest.TestCase):
         self.assertEqual(hooks["active"], [])
         self.assertIn("record_stream", hooks["inactive"])
 
+    def test_torch_pool_checks_its_arguments_and_reports_unknown_pools(self):
+        with self.assertRaisesRegex(TypeError, "torch_pool: pool_id must be a pair"):
+            capalloc.torch_pool(0, 5)
+        with self.assertRaisesRegex(ValueError, r"torch_pool: pool_id\[1\]"):
+            capalloc.torch_pool(0, (1, 2**64))
+        with self.assertRaises(capalloc.CapallocError) as unknown:
+            capalloc.torch_pool(0, (123456, 0))
+        self.assertEqual(unknown.exception.status, 3)
+        # A pool PyTorch's hooks began (through the C ABI, as the shim calls it).
+        lib = capalloc.load()
+        self.assertEqual(lib.capalloc_torch_begin_allocate_to_pool(0, 0, 4242, None, None), 0)
+        try:
+            info = capalloc.torch_pool(0, (0, 4242))
+            self.assertEqual(info["uses"], 1)
+            self.assertGreater(info["pool"], 0)
+        finally:
+            self.assertEqual(lib.capalloc_torch_end_allocate_to_pool(0, 0, 4242, None), 0)
+            self.assertEqual(lib.capalloc_torch_release_pool(0, 0, 4242), 0)
+
     def test_finding_reads_its_fields(self):
         f = capalloc.Finding({
             "severity": "hazard", "graph_label": "g", "capture": 1, "evidence": "footprint",
