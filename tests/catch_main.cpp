@@ -4,17 +4,12 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-
 #include "capalloc/runtime.hpp"
+#include "common/config.hpp"
 
 namespace {
 const bool quiet_log = [] {
-  // Unset or empty is the default (common/config.hpp's policy). Read here
-  // directly: the public-API suites link only libcapalloc.so, which does not
-  // export the configuration module.
-  const char* level = std::getenv("CAPALLOC_LOG_LEVEL");
-  if (level == nullptr || *level == '\0') {
+  if (!capalloc::config::is_set(capalloc::config::Var::kLogLevel)) {
     capalloc::set_log_level("error").IgnoreError();
   }
   return true;
