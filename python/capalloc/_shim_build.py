@@ -1,10 +1,11 @@
 """Builds and loads capalloc's PyTorch shim (_torch_shim.cpp) on this machine.
 
 The shim is compiled with the system C++ compiler ($CXX, else c++ or g++)
-against the installed PyTorch's own headers and libraries, which
-torch.utils.cpp_extension locates (no ninja needed), and cached under
-$CAPALLOC_SHIM_CACHE (default ~/.cache/capalloc), keyed by the source, the
-PyTorch version and the Python version, so later processes load it at once.
+against the installed PyTorch's own headers and libraries (the directories
+torch.utils.cpp_extension would use; no ninja or setuptools needed), and
+cached under $CAPALLOC_SHIM_CACHE (default ~/.cache/capalloc), keyed by the
+source, the PyTorch version and the Python version, so later processes load
+it at once.
 PyTorch's CUDA headers include cuda_runtime_api.h: it comes from $CUDA_HOME,
 /usr/local/cuda, or the nvidia-cuda-runtime wheel that PyTorch depends on.
 
@@ -71,11 +72,20 @@ def _load(path):
 
 
 def _compile(torch, out):
-    from torch.utils import cpp_extension
-
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    includes = list(cpp_extension.include_paths()) + _cuda_include_dirs() + [
-        sysconfig.get_paths()["include"]]
+    # The directories torch.utils.cpp_extension uses, named here: importing
+    # cpp_extension would need setuptools, which a GPU machine may lack.
+    torch_dir = os.path.dirname(torch.__file__)
+    torch_lib = os.path.join(torch_dir, "lib")
+    torch_include = os.path.join(torch_dir, "include")
+    header = os.path.join(torch_include, "torch", "csrc", "cuda", "CUDAPluggableAllocator.h")
+    if not os.path.isfile(header):
+        raise ShimBuildError(f"this PyTorch ships no C++ headers ({header} is missing)")
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(python_include, "Python.h")):
+        raise ShimBuildError(f"Python's headers are missing ({python_include}/Python.h; Debian: "
+                             "python3-dev)")
+    includes = [torch_include, os.path.join(torch_include, "torch", "csrc", "api", "include")]
+    includes += _cuda_include_dirs() + [python_include]
     abi = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
     cxx = _compiler()
     base = [cxx, "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]

@@ -84,6 +84,61 @@ class LibrarySearchTest(unittest.TestCase):
             os.unlink(prefix_lib)
 
 
+# A stand-in for PyTorch with no C++ headers: what install() does where the
+# shim cannot be built (the real PyTorch path is tools/gpu/torch_shim_check.py).
+FAKE_TORCH = """
+import os, sys, tempfile, types
+calls = []
+class PluggableAllocator:
+    def __init__(self, path, alloc_fn, free_fn):
+        calls.append(("CUDAPluggableAllocator", path, alloc_fn, free_fn))
+torch = types.ModuleType("torch")
+torch.__version__ = "0.0+no-headers"
+torch.__file__ = os.path.join(tempfile.mkdtemp(), "torch", "__init__.py")
+torch.version = types.SimpleNamespace(cuda="13.0")
+torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+torch.cuda = types.SimpleNamespace(
+    is_available=lambda: True,
+    memory=types.SimpleNamespace(
+        CUDAPluggableAllocator=PluggableAllocator,
+        change_current_allocator=lambda a: calls.append(("change_current_allocator",))))
+sys.modules["torch"] = torch
+import capalloc
+"""
+
+
+class InstallFallbackTest(unittest.TestCase):
+    def test_auto_falls_back_to_plain_pluggable_and_says_why(self):
+        p = run_child(FAKE_TORCH + (
+            "capalloc.install(use_shim='auto')\n"
+            "import json\n"
+            "print(json.dumps({'hooks': capalloc.active_hooks(), 'calls': calls}))\n"), {})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        hooks = out["hooks"]
+        self.assertEqual(hooks["route"], "pluggable")
+        self.assertEqual(hooks["active"], ["malloc", "free"])
+        self.assertIn("end_allocate_to_pool", hooks["inactive"])
+        self.assertIn("C++ headers", hooks["shim_error"])
+        self.assertEqual(out["calls"][0], ["CUDAPluggableAllocator", os.path.abspath(LIBRARY),
+                                           "capalloc_torch_malloc", "capalloc_torch_free"])
+        self.assertEqual(out["calls"][1], ["change_current_allocator"])
+
+    def test_use_shim_true_raises_the_reason(self):
+        p = run_child(FAKE_TORCH + "capalloc.install(use_shim=True)\n", {})
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("ShimBuildError", p.stderr)
+        self.assertIn("C++ headers", p.stderr)
+
+    def test_use_shim_false_never_builds_it(self):
+        p = run_child(FAKE_TORCH + (
+            "capalloc.install(use_shim=False)\n"
+            "print(capalloc.active_hooks()['route'], capalloc.active_hooks()['shim_error'])\n"),
+            {})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["pluggable", "None"])
+
+
 class ArgumentTest(unittest.TestCase):
     def test_integers_out_of_range_raise_instead_of_wrapping(self):
         # device 2**40 used to become 0, a size of 2**64 to become 0.
