@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "c_api/c_api_support.hpp"
 #include "c_api/global.hpp"
 #include "common/guarded.hpp"
 #include "common/log.hpp"
@@ -48,20 +49,27 @@ capalloc_status to_code(const absl::Status& status) {
   }
 }
 
-capalloc_status report(const absl::Status& status) {
+}  // namespace
+
+namespace capalloc::detail {
+
+capalloc_status report_c_status(const absl::Status& status) {
   last_error = status.ok() ? std::string() : std::string(status.message());
   return to_code(status);
 }
 
-// Runs `body` (returning absl::Status) against the process-wide capalloc;
-// anything thrown becomes a status (common/guarded.hpp).
-template <typename Body>
-capalloc_status with_global(Body&& body) noexcept {
-  return report(capalloc::detail::guarded("capalloc", [&]() -> absl::Status {
-    auto global = capalloc::detail::global_capalloc();
-    if (!global.ok()) return global.status();
-    return body(*global);
-  }));
+std::string& c_json_slot() { return last_json; }
+
+const std::string& c_last_error() { return last_error; }
+
+}  // namespace capalloc::detail
+
+namespace {
+
+using capalloc::detail::with_global;
+
+capalloc_status report(const absl::Status& status) {
+  return capalloc::detail::report_c_status(status);
 }
 
 template <typename Body>
@@ -291,7 +299,9 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
           "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
           "on purpose"));
     }
-    return absl::OkStatus();
+    // A capture that a PyTorch pool's filter accepts allocates into that
+    // pool (capalloc_torch_begin_allocate_to_pool).
+    return capalloc::detail::route_torch_capture(g, device, stream);
   });
   if (status != CAPALLOC_OK || capalloc_malloc(&out, size, device, stream) != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,

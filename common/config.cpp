@@ -71,9 +71,10 @@ constexpr std::array<Variable, 11> kTable = {{
     {.id = Var::kLibrary,
      .name = "CAPALLOC_LIBRARY",
      .kind = Kind::kPath,
-     .meaning = "the `libcapalloc.so` the Python module loads when `install()` or `load()` is "
-                "given no path (unset: the bundle's, the build tree's, then the loader's)",
-     .read_by = "`tools/python/capalloc.py`"},
+     .meaning = "the `libcapalloc.so` the Python package loads when `install()` or `load()` is "
+                "given no path; a path that names no file is an error (unset: the install "
+                "prefix's `lib/libcapalloc.so`, then the loader's)",
+     .read_by = "`python/capalloc`"},
     {.id = Var::kBackendPath,
      .name = "CAPALLOC_BACKEND_PATH",
      .kind = Kind::kPath,

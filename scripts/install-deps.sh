@@ -22,6 +22,12 @@ REQUIRED_PACKAGES=(
   catch2
   pkg-config
   python3
+  # The Python package's test: a virtual environment, pip install without
+  # network (python/pyproject.toml builds with setuptools and wheel).
+  python3-venv
+  python3-pip
+  python3-setuptools
+  python3-wheel
   patchelf
 )
 

@@ -94,3 +94,158 @@ TEST_CASE("C ABI: capture, findings as JSON, strict replay and persistent buffer
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
+
+namespace {
+
+// PyTorch's allocate filter, as the shim hands it over: the stream's
+// allocations belong to the capture when it is the stream captured.
+struct StreamFilter {
+  void* stream = nullptr;
+  int asked = 0;
+};
+
+int accept_stream(void* context, void* stream) {
+  auto* f = static_cast<StreamFilter*>(context);
+  ++f->asked;
+  return stream == f->stream ? 1 : 0;
+}
+
+// One PyTorch-style capture on `side` into PyTorch pool (a, b): begin
+// (before the capture exists, as PyTorch does), the capture through the
+// native runtime, T written then freed, WS allocated at T's address and left
+// live, end of the capture, then endAllocateToPool. Returns the end's status.
+struct TorchCapture {
+  capalloc_status end = CAPALLOC_OK;
+  std::string findings;
+  capalloc::GraphHandle graph = 0;
+  void* ws = nullptr;
+  void* t = nullptr;
+};
+
+TorchCapture torch_capture(capalloc::DeviceRuntime& rt, void* side, uint64_t a, uint64_t b,
+                           const float* src, std::size_t n) {
+  StreamFilter filter{side};
+  TorchCapture out;
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, a, b, accept_stream, &filter) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  out.t = capalloc_torch_malloc(n * sizeof(float), 0, side);
+  REQUIRE(out.t != nullptr);
+  CHECK(filter.asked == 1);
+  REQUIRE_OK(rt.launch_kernel(stream, capalloc::scenarios::scale_kernel(
+                                          static_cast<float*>(out.t), src, n, 2.0f)));
+  capalloc_torch_free(out.t, n * sizeof(float), 0, side);
+  out.ws = capalloc_torch_malloc(n * sizeof(float), 0, side);
+  CHECK(filter.asked == 1);  // asked once per capture
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  out.graph = *graph;
+  const char* json = nullptr;
+  out.end = capalloc_torch_end_allocate_to_pool(0, a, b, &json);
+  REQUIRE(json != nullptr);
+  out.findings = json;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("C ABI: PyTorch's pool hooks route captures, share pools and check at capture end",
+          "[c_api][capture][torch]") {
+  use_host_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  constexpr std::size_t n = 1 << 16;
+  float* src = static_cast<float*>(capalloc_torch_malloc(n * sizeof(float), 0, nullptr));
+  REQUIRE(src != nullptr);
+  REQUIRE(capalloc_set_strict(0) == CAPALLOC_OK);
+
+  // The first capture: findings at its end, before any replay, inspected.
+  const TorchCapture first = torch_capture(rt, side, 7, 0, src, n);
+  REQUIRE(first.end == CAPALLOC_OK);
+  INFO(first.findings);
+  CHECK(first.t == first.ws);
+  // Read from the graph at its end (the host runtime's inspection keeps the
+  // kernels' declared accesses), with the graph's edges: not a footprint.
+  CHECK(first.findings.find("\"evidence\":\"footprint\"") == std::string::npos);
+  CHECK(first.findings.find("\"basis\":\"edges\"") != std::string::npos);
+  CHECK(first.findings.find("\"severity\":\"hazard\"") != std::string::npos);
+  uint64_t pool = 0;
+  int uses = 0;
+  REQUIRE(capalloc_torch_pool(0, 7, 0, &pool, &uses) == CAPALLOC_OK);
+  CHECK(uses == 1);
+  const auto ws_info = global->allocator->block_info(first.ws);
+  REQUIRE_OK(ws_info);
+  CHECK(ws_info->pool == pool);
+
+  // The second capture shares the pool (torch.cuda.graph(pool=...)); in
+  // strict mode its hazard fails the end, which names the finding.
+  REQUIRE(capalloc_set_strict(1) == CAPALLOC_OK);
+  int strict = -1;
+  REQUIRE(capalloc_get_strict(&strict) == CAPALLOC_OK);
+  CHECK(strict == 1);
+  const TorchCapture second = torch_capture(rt, side, 7, 0, src, n);
+  CHECK(second.end == CAPALLOC_ERROR_FAILED_PRECONDITION);
+  const std::string message = capalloc_last_error();
+  CHECK(message.find("strict mode") != std::string::npos);
+  CHECK(message.find("PyTorch pool (7, 0)") != std::string::npos);
+  CHECK(second.findings.find("\"severity\":\"hazard\"") != std::string::npos);
+  REQUIRE(capalloc_set_strict(0) == CAPALLOC_OK);
+  REQUIRE(capalloc_torch_pool(0, 7, 0, &pool, &uses) == CAPALLOC_OK);
+  CHECK(uses == 2);
+  const auto ws2_info = global->allocator->block_info(second.ws);
+  REQUIRE_OK(ws2_info);
+  CHECK(ws2_info->pool == pool);
+  // The end happened all the same: no begin is left to end.
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 7, 0, nullptr) ==
+        CAPALLOC_ERROR_FAILED_PRECONDITION);
+
+  // A capture that allocates nothing is not seen: no findings.
+  StreamFilter idle{side};
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 7, 0, accept_stream, &idle) == CAPALLOC_OK);
+  const char* json = nullptr;
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 7, 0, &json) == CAPALLOC_OK);
+  CHECK(std::string(json) == "[]");
+  CHECK(idle.asked == 0);
+
+  // An allocation on a stream no filter accepts is not routed to the pool.
+  StreamFilter other{nullptr};
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 9, 1, accept_stream, &other) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  void* unrouted = capalloc_torch_malloc(256, 0, side);
+  REQUIRE(unrouted != nullptr);
+  CHECK(other.asked == 1);
+  uint64_t pool9 = 0;
+  REQUIRE(capalloc_torch_pool(0, 9, 1, &pool9, nullptr) == CAPALLOC_OK);
+  CHECK(global->allocator->block_info(unrouted)->pool != pool9);
+  capalloc_torch_free(unrouted, 256, 0, side);
+  auto unrouted_graph = rt.end_capture(stream);
+  REQUIRE_OK(unrouted_graph);
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 9, 1, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_torch_release_pool(0, 9, 1) == CAPALLOC_OK);
+  REQUIRE_OK(rt.destroy_graph(*unrouted_graph));
+
+  // Releases: one per begin; then the pool is gone.
+  for (int i = 0; i < 3; ++i) REQUIRE(capalloc_torch_release_pool(0, 7, 0) == CAPALLOC_OK);
+  CHECK(capalloc_torch_release_pool(0, 7, 0) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(capalloc_torch_pool(0, 7, 0, &pool, &uses) == CAPALLOC_ERROR_NOT_FOUND);
+
+  REQUIRE_OK(rt.destroy_graph(first.graph));
+  REQUIRE_OK(rt.destroy_graph(second.graph));
+  capalloc_torch_free(first.ws, n * sizeof(float), 0, side);
+  capalloc_torch_free(second.ws, n * sizeof(float), 0, side);
+  capalloc_torch_free(src, n * sizeof(float), 0, nullptr);
+  REQUIRE(capalloc_stream_synchronize(side) == CAPALLOC_OK);
+  // The tracker learns of the destroyed graphs at its next call and drops
+  // their records; then the memory they kept goes back, and the pool with it.
+  const char* after = nullptr;
+  REQUIRE(capalloc_check(&after) == CAPALLOC_OK);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  const capalloc_status invariants = capalloc_check_invariants();
+  INFO(capalloc_last_error());
+  CHECK(invariants == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+}

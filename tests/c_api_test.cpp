@@ -96,3 +96,55 @@ TEST_CASE("C ABI: the PyTorch entry points, called as CUDAPluggableAllocator cal
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(stream) == CAPALLOC_OK);
 }
+
+TEST_CASE("C ABI: PyTorch's pool hooks refuse bad input and change nothing", "[c_api][torch]") {
+  use_host_runtime();
+  uint64_t pool = 0;
+  int uses = 0;
+  // Pool (0, 0) names no pool; an unknown device is refused.
+  CHECK(capalloc_torch_begin_allocate_to_pool(0, 0, 0, nullptr, nullptr) ==
+        CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(capalloc_last_error()).find("(0, 0)") != std::string::npos);
+  CHECK(capalloc_torch_begin_allocate_to_pool(9, 1, 0, nullptr, nullptr) ==
+        CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_torch_pool(9, 1, 0, &pool, &uses) == CAPALLOC_ERROR_NOT_FOUND);
+  // An unknown pool: end and release are NOT_FOUND.
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 4242, 0, nullptr) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(std::string(capalloc_last_error()).find("PyTorch pool (4242, 0) on device 0") !=
+        std::string::npos);
+  CHECK(capalloc_torch_release_pool(0, 4242, 0) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 0, 0, nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_torch_pool(0, 1, 0, nullptr, &uses) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_get_strict(nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+
+  // Begin, end, then a second end without a begin: refused, the pool stays.
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 0, 77, nullptr, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_torch_pool(0, 0, 77, &pool, &uses) == CAPALLOC_OK);
+  CHECK(pool != 0);
+  CHECK(uses == 1);
+  // Releasing while a begin is underway is refused.
+  CHECK(capalloc_torch_release_pool(0, 0, 77) == CAPALLOC_ERROR_FAILED_PRECONDITION);
+  const char* json = nullptr;
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 0, 77, &json) == CAPALLOC_OK);
+  CHECK(std::string(json) == "[]");  // nothing was captured
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 0, 77, nullptr) ==
+        CAPALLOC_ERROR_FAILED_PRECONDITION);
+  CHECK(std::string(capalloc_last_error()).find("without a begin") != std::string::npos);
+  uint64_t same = 0;
+  REQUIRE(capalloc_torch_pool(0, 0, 77, &same, &uses) == CAPALLOC_OK);
+  CHECK(same == pool);
+  CHECK(uses == 1);
+  // The same id on another device is another pool.
+  CHECK(capalloc_torch_end_allocate_to_pool(1, 0, 77, nullptr) == CAPALLOC_ERROR_NOT_FOUND);
+
+  // Release, then a double release: NOT_FOUND, and the pool is gone.
+  REQUIRE(capalloc_torch_release_pool(0, 0, 77) == CAPALLOC_OK);
+  CHECK(capalloc_torch_release_pool(0, 0, 77) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(capalloc_torch_pool(0, 0, 77, &same, &uses) == CAPALLOC_ERROR_NOT_FOUND);
+  // capalloc's graph pool went with it.
+  CHECK(capalloc_pool_release(pool) == CAPALLOC_ERROR_NOT_FOUND);
+  int strict = -1;
+  REQUIRE(capalloc_get_strict(&strict) == CAPALLOC_OK);
+  CHECK((strict >= 0 && strict <= 2));
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}

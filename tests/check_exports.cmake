@@ -3,7 +3,8 @@ execute_process(COMMAND nm -D --defined-only ${LIBRARY} OUTPUT_VARIABLE symbols 
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "nm -D failed on ${LIBRARY}")
 endif()
-foreach(required capalloc_torch_malloc capalloc_torch_free capalloc_malloc capalloc_free
+foreach(required capalloc_torch_malloc capalloc_torch_free capalloc_torch_begin_allocate_to_pool
+        capalloc_torch_end_allocate_to_pool capalloc_torch_release_pool capalloc_malloc capalloc_free
         capalloc_last_error)
   if(NOT symbols MATCHES " T ${required}\n")
     message(FATAL_ERROR "${required} is not exported by ${LIBRARY}")

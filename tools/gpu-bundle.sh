@@ -15,7 +15,8 @@
 #             the C/C++ runtime or the NVIDIA driver (Abseil, spdlog, fmt from
 #             Debian; libcudart from the CUDA toolkit), found through
 #             $ORIGIN-relative RUNPATHs
-#   python/   the Python module, the PyTorch scripts, the verdict comparator
+#   python/   the Python package (capalloc/), the PyTorch scripts, the verdict
+#             comparator
 #   gpu-check.sh, MANIFEST.json (commit, the build's settings read from its
 #   CMake cache, files, glibc needs, and the git blob id of every tracked
 #   source file as built, so gpu-check.sh can tell a stale bundle)
@@ -115,11 +116,17 @@ strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so*
 for elf in "$out"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$elf"; done
 for elf in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$elf"; done
 
-install -m 0644 "$repo_root/tools/python/capalloc.py" "$repo_root/tools/gpu/compare_verdicts.py" \
-  "$repo_root/tools/gpu/bundle_fresh.py" \
+# The Python package (python/capalloc/: the module and the PyTorch shim's
+# source, which torch_shim_check.py builds on the GPU machine) beside the
+# scripts that import it.
+mkdir -p "$out/python/capalloc"
+install -m 0644 "$repo_root/python/capalloc/__init__.py" "$repo_root/python/capalloc/_shim_build.py" \
+  "$repo_root/python/capalloc/_torch_shim.cpp" "$out/python/capalloc/"
+install -m 0644 "$repo_root/tools/gpu/compare_verdicts.py" "$repo_root/tools/gpu/bundle_fresh.py" \
   "$out/python/"
 install -m 0755 "$repo_root/tools/python/seed003_arms_torch.py" \
-  "$repo_root/tools/python/torch_native_capture.py" "$out/python/"
+  "$repo_root/tools/python/torch_native_capture.py" "$repo_root/tools/gpu/torch_shim_check.py" \
+  "$out/python/"
 install -m 0755 "$repo_root/tools/gpu-check.sh" "$out/gpu-check.sh"
 
 # The manifest: what was built, from what, and what the GPU machine must

@@ -29,6 +29,9 @@
 #                        installed through CUDAPluggableAllocator
 #   torch-native-capture a graph PyTorch captures natively: the tracker's
 #                        findings and evidence, checked against a replay
+#   torch-shim           the PyTorch shim built here: record_stream,
+#                        empty_cache, pool sharing and release reach capalloc;
+#                        strict mode raises at the end of a capture with a hazard
 #   gemm-vs-cublas       the split-K GEMM against cuBLAS, seed 003's shapes
 #
 # A step that cannot run here (no PyTorch, no cuBLAS, no source tree) exits
@@ -49,7 +52,7 @@ only=""
 only_given=0
 keep_logs=0
 all_steps=(nvidia-smi bundle-fresh bundle-loads gpu-tests arms gemm-scenario torch-arms
-           torch-native-capture gemm-vs-cublas)
+           torch-native-capture torch-shim gemm-vs-cublas)
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -267,6 +270,14 @@ run_torch_native_capture() {
   CAPALLOC_RUNTIME=cuda "$python" "$py/torch_native_capture.py"
 }
 
+# The shim is compiled here (under a minute) into a scratch cache; a machine
+# without a C++ compiler or PyTorch's headers skips (77) with the reason.
+run_torch_shim() {
+  torch_ready || return $?
+  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="${TMPDIR:-/tmp}/capalloc-shim-cache" \
+    "$python" "$py/torch_shim_check.py"
+}
+
 run_gemm_vs_cublas() {
   local dirs
   dirs="$(cublas_dirs)"
@@ -278,7 +289,8 @@ run_gemm_vs_cublas() {
 
 export bundle tree logs bin py python
 export -f compare_with_host torch_ready cublas_dirs run_nvidia_smi run_bundle_fresh \
-  run_bundle_loads run_gpu_tests run_torch_arms run_torch_native_capture run_gemm_vs_cublas
+  run_bundle_loads run_gpu_tests run_torch_arms run_torch_native_capture run_torch_shim \
+  run_gemm_vs_cublas
 echo "gpu-check.sh: bundle $bundle, output $out, steps: ${wanted[*]}"
 step nvidia-smi 15 run_nvidia_smi
 step bundle-fresh 15 run_bundle_fresh
@@ -288,6 +300,7 @@ step arms 40 compare_with_host arms arms
 step gemm-scenario 40 compare_with_host gemm-scenario gemm-scenario
 step torch-arms 60 run_torch_arms
 step torch-native-capture 45 run_torch_native_capture
+step torch-shim 100 run_torch_shim
 step gemm-vs-cublas 45 run_gemm_vs_cublas
 
 gpu_line="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"

@@ -145,6 +145,56 @@ CAPALLOC_API capalloc_status capalloc_get(int device, const char* key, void** ou
 CAPALLOC_API void* capalloc_torch_malloc(size_t size, int device, void* stream);
 CAPALLOC_API void capalloc_torch_free(void* ptr, size_t size, int device, void* stream);
 
+/* --- PyTorch's graph pools (CUDAPluggableAllocator's hooks) -----------------
+ * What PyTorch's beginAllocateToPool, endAllocateToPool and releasePool
+ * reach through the C++ shim (python/capalloc/_torch_shim.cpp). PyTorch names
+ * a pool by a pair of integers (MempoolId_t: `pool_a`, `pool_b`; never both
+ * 0) per device; capalloc keeps one graph pool for each, so that graphs
+ * captured with torch.cuda.graph(pool=...) share it. Errors change nothing.
+ *
+ * A filter says whether a stream's allocations belong to the capture that
+ * began: nonzero yes. PyTorch begins before the capture exists, so the
+ * filter is asked (outside capalloc's locks) at the first allocation
+ * through capalloc_torch_malloc on a capturing stream of `device`; the
+ * capture it accepts then allocates into the pool. NULL: every capture on
+ * the device. `filter` and `context` must stay valid until the matching
+ * capalloc_torch_end_allocate_to_pool returns. */
+typedef int (*capalloc_stream_filter)(void* context, void* stream);
+
+/* beginAllocateToPool: the pool gets a use (it is created on first use).
+ * INVALID_ARGUMENT: pool (0, 0) or an unknown device. */
+CAPALLOC_API capalloc_status capalloc_torch_begin_allocate_to_pool(int device, uint64_t pool_a,
+                                                                   uint64_t pool_b,
+                                                                   capalloc_stream_filter filter,
+                                                                   void* context);
+/* endAllocateToPool, after the capture has ended and before PyTorch
+ * instantiates and destroys its graph: the oldest begin of the pool ends;
+ * the capture it routed is inspected (its graph's kernels, memsets, memcpys
+ * and edges) and checked against every live block now. Its findings (and
+ * those of other graphs on the blocks it left live) come back as JSON in
+ * `findings_json` (may be NULL; "[]" for a capture that allocated nothing,
+ * which capalloc never saw), which is set exactly when the end happened. In
+ * strict mode (capalloc_set_strict) a finding strict mode refuses makes the
+ * call return FAILED_PRECONDITION with the finding in the message; the end
+ * has happened all the same, and the JSON is set. Errors that change nothing
+ * (and leave `*findings_json` as it was): NOT_FOUND (a pool never begun, or
+ * released), FAILED_PRECONDITION (no begin of the pool left to end, or the
+ * capture is still active). */
+CAPALLOC_API capalloc_status capalloc_torch_end_allocate_to_pool(int device, uint64_t pool_a,
+                                                                 uint64_t pool_b,
+                                                                 const char** findings_json);
+/* releasePool: the pool loses a use; with none left, capalloc's graph pool
+ * is released (its memory goes back once its graphs' blocks are freed).
+ * NOT_FOUND for a pool never begun or already released. */
+CAPALLOC_API capalloc_status capalloc_torch_release_pool(int device, uint64_t pool_a,
+                                                         uint64_t pool_b);
+/* The capalloc graph pool (as capalloc_pool_create returns) that stands for
+ * PyTorch's pool, and its uses. NOT_FOUND when it has none. */
+CAPALLOC_API capalloc_status capalloc_torch_pool(int device, uint64_t pool_a, uint64_t pool_b,
+                                                 uint64_t* pool, int* uses);
+/* The strict mode capalloc_set_strict set (or CAPALLOC_STRICT): 0, 1 or 2. */
+CAPALLOC_API capalloc_status capalloc_get_strict(int* out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -76,8 +76,10 @@ def static_checks(bundle, max_mib):
           + (f"; links: {links}" if links else ""))
     check(total <= max_mib * 2**20, f"bundle size {total / 2**20:.1f} MiB <= {max_mib} MiB")
     for want in ("bin/capalloc", "bin/gpu_runtime_test", "bin/capalloc_bench_gemm_cuda",
-                 "lib/libcapalloc.so", "python/capalloc.py", "python/seed003_arms_torch.py",
-                 "python/torch_native_capture.py", "python/compare_verdicts.py", "gpu-check.sh",
+                 "lib/libcapalloc.so", "python/capalloc/__init__.py",
+                 "python/capalloc/_shim_build.py", "python/capalloc/_torch_shim.cpp",
+                 "python/seed003_arms_torch.py", "python/torch_native_capture.py",
+                 "python/torch_shim_check.py", "python/compare_verdicts.py", "gpu-check.sh",
                  "MANIFEST.json"):
         check(os.path.exists(os.path.join(bundle, want)), f"bundle has {want}")
     for elf in sorted(elves):
@@ -151,8 +153,14 @@ def run_checks(bundle):
                   "assert capalloc.library_path().startswith(%r)\n"
                   "print(len(capalloc.snapshot()['devices']))\n" % copy)
         p = run([sys.executable, "-c", script], py_env, cwd=os.path.join(copy, "python"))
-        check(p.returncode == 0, "moved python/capalloc.py loads the copy's libcapalloc.so and "
+        check(p.returncode == 0, "moved python/capalloc loads the copy's libcapalloc.so and "
               "allocates on the host runtime" + (f"; {p.stderr.strip()[-300:]}" if p.returncode else ""))
+        # Without CAPALLOC_LIBRARY: the package finds the bundle's lib/ (its
+        # install prefix) by itself.
+        bare_env = {k: v for k, v in py_env.items() if k != "CAPALLOC_LIBRARY"}
+        p = run([sys.executable, "-c", script], bare_env, cwd=os.path.join(copy, "python"))
+        check(p.returncode == 0, "moved python/capalloc finds ../lib/libcapalloc.so without "
+              "CAPALLOC_LIBRARY" + (f"; {p.stderr.strip()[-300:]}" if p.returncode else ""))
 
 
 def main():

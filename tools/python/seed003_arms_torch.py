@@ -15,10 +15,18 @@ Needs a CUDA (or ROCm) GPU and PyTorch; run by tools/gpu-check.sh.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The capalloc package: beside this script in a GPU bundle (python/capalloc/),
+# python/ in the source tree, else an installed one (pip install ./python).
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in (_here, os.path.join(_here, "..", "..", "python")):
+    if os.path.isfile(os.path.join(_d, "capalloc", "__init__.py")):
+        sys.path.insert(0, _d)
+        break
 import capalloc  # noqa: E402
 
-capalloc.install()  # before the first CUDA allocation of the process
+# Plain CUDAPluggableAllocator (malloc and free only): the route this script
+# checks; tools/gpu/torch_shim_check.py checks the shim's.
+capalloc.install(use_shim=False)  # before the first CUDA allocation of the process
 
 import torch  # noqa: E402
 

@@ -21,7 +21,13 @@ naming it), 1 otherwise, 77 when PyTorch with CUDA is not available.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The capalloc package: beside this script in a GPU bundle (python/capalloc/),
+# python/ in the source tree, else an installed one (pip install ./python).
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in (_here, os.path.join(_here, "..", "..", "python")):
+    if os.path.isfile(os.path.join(_d, "capalloc", "__init__.py")):
+        sys.path.insert(0, _d)
+        break
 import capalloc  # noqa: E402
 
 try:
@@ -33,7 +39,9 @@ if not torch.cuda.is_available():
     print("result: skipped: PyTorch sees no CUDA device")
     sys.exit(77)
 
-capalloc.install()  # before the first CUDA allocation of the process
+# Plain CUDAPluggableAllocator (malloc and free only): the route this script
+# checks; tools/gpu/torch_shim_check.py checks the shim's.
+capalloc.install(use_shim=False)  # before the first CUDA allocation of the process
 
 dev = "cuda"
 torch.manual_seed(0)

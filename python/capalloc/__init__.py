@@ -1,0 +1,439 @@
+"""capalloc for Python: ctypes over libcapalloc's C ABI, and PyTorch's
+allocator hooks through a small C++ shim built on the machine.
+
+    import capalloc
+    capalloc.install()                      # PyTorch: capalloc becomes the CUDA allocator
+    print(capalloc.active_hooks())          # which of PyTorch's hooks reach capalloc
+    capalloc.preallocate(0, "splitk.ws", 16 << 20)   # warmup, before any capture
+    ... torch.cuda.graph(...) captures as usual ...
+    for finding in capalloc.check():        # before the first replay
+        print(finding)
+    state = capalloc.snapshot()             # dict: devices, live blocks, graphs, findings
+    capalloc.memory_stats(0)                # torch.cuda.memory_stats()-style figures
+
+The library is found, in order: the `path` argument (an error if that file
+does not exist), $CAPALLOC_LIBRARY (an error if set to a file that does not
+exist), then the install prefix: lib/libcapalloc.so in the nearest directory
+above this package that has one (a GPU bundle's lib/, or the prefix a
+virtual environment or `cmake --install` shares with the package), in
+sys.prefix, then the system loader's search path. install() hands the same
+file to PyTorch, so PyTorch and this module share one process-wide capalloc.
+
+Arguments are checked before they reach C: a wrong type raises TypeError,
+an integer out of its C type's range or a string with a NUL byte raises
+ValueError, each naming the argument. Errors from the C ABI raise
+CapallocError with capalloc's message.
+"""
+
+import ctypes
+import ctypes.util
+import json
+import operator
+import os
+import sys
+
+__all__ = [
+    "CapallocError", "Finding", "load", "install", "check", "preallocate", "get",
+    "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
+    "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
+]
+
+_OK = 0
+_STATUS_NAMES = {
+    1: "invalid argument", 2: "out of memory", 3: "not found",
+    4: "failed precondition", 5: "unavailable", 6: "internal error",
+}
+_INT_MAX = 2**31 - 1
+_UINT64_MAX = 2**64 - 1
+_SIZE_MAX = 2**(8 * ctypes.sizeof(ctypes.c_size_t)) - 1
+
+_lib = None
+_lib_path = None
+
+
+class CapallocError(RuntimeError):
+    """A C ABI call failed; `status` is its capalloc_status code."""
+
+    def __init__(self, call, status, message):
+        super().__init__(f"{call}: {_STATUS_NAMES.get(status, status)}: {message}")
+        self.status = status
+
+
+class Finding:
+    """One finding of the alias check (see docs/findings.md for every field).
+
+    Attribute access reads the JSON fields: f.severity, f.graph_label,
+    f.victim["tag"], f.writer["tag"], f.overlap["bytes"], f.fix, ...
+    """
+
+    def __init__(self, fields):
+        self._fields = fields
+
+    def __getattr__(self, name):
+        try:
+            return self._fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def as_dict(self):
+        return dict(self._fields)
+
+    def __repr__(self):
+        return (f"Finding({self.severity}: {self.graph_label} clobbers "
+                f"{self.victim['tag'] or 'untagged'!r} through {self.writer['tag'] or 'untagged'!r})")
+
+    def __str__(self):
+        v, w = self.victim, self.writer
+        return (f"[{self.severity}] {self.graph_label} (capture {self.capture}) overwrites "
+                f"'{v['tag'] or 'untagged'}' (block #{v['sequence']}, {v['size']} bytes at {v['ptr']}) "
+                f"through '{w['tag'] or 'untagged'}' (block #{w['sequence']}), "
+                f"{self.overlap['bytes']} bytes, {self.evidence} evidence. Fix: {self.fix}")
+
+
+# --- Arguments, checked before C sees them ----------------------------------
+
+def _int(call, name, value, low, high):
+    if isinstance(value, bool):
+        raise TypeError(f"{call}: {name} must be an int, not bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{call}: {name} must be an int, not {type(value).__name__}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{call}: {name} {value} is out of range [{low}, {high}]")
+    return value
+
+
+def _device(call, value, allow_all=False):
+    return _int(call, "device", value, -1 if allow_all else 0, _INT_MAX)
+
+
+def _text(call, name, value):
+    if not isinstance(value, str):
+        raise TypeError(f"{call}: {name} must be a str, not {type(value).__name__}")
+    if "\0" in value:
+        raise ValueError(f"{call}: {name} contains a NUL byte (C would cut it there)")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{call}: {name} is not encodable as UTF-8 ({e.reason})") from None
+
+
+def _path(call, value):
+    try:
+        value = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"{call}: path must be a str or os.PathLike, "
+                        f"not {type(value).__name__}") from None
+    if isinstance(value, bytes):
+        value = os.fsdecode(value)
+    if "\0" in value:
+        raise ValueError(f"{call}: path contains a NUL byte")
+    return value
+
+
+# --- Finding the library -----------------------------------------------------
+
+def _prefix_candidates():
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = os.path.dirname(here)
+    for _ in range(6):  # package -> site-packages -> pythonX.Y -> lib -> prefix, or a bundle
+        yield os.path.join(d, "lib", "libcapalloc.so")
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    yield os.path.join(sys.prefix, "lib", "libcapalloc.so")
+
+
+def library_path(path=None):
+    """The libcapalloc.so this module uses (or would use, given `path`)."""
+    if path is None and _lib_path is not None:
+        return _lib_path
+    if path is not None:
+        path = _path("library_path", path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"capalloc: the library path {path!r} does not exist")
+        return os.path.abspath(path)
+    env = os.environ.get("CAPALLOC_LIBRARY")
+    if env:
+        if not os.path.isfile(env):
+            raise FileNotFoundError(
+                f"capalloc: CAPALLOC_LIBRARY={env!r} names no file (unset it to search the "
+                "install prefix)")
+        return os.path.abspath(env)
+    for candidate in _prefix_candidates():
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    found = ctypes.util.find_library("capalloc")
+    if found:
+        return found  # a name the loader resolves (ldconfig's cache)
+    raise FileNotFoundError(
+        "capalloc: libcapalloc.so not found: pass its path, set CAPALLOC_LIBRARY, or install "
+        "it under the prefix this package is installed in (lib/libcapalloc.so)")
+
+
+def _declare(lib):
+    c_int, c_u64, c_size, c_void_p, c_char_p = (ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                                                ctypes.c_void_p, ctypes.c_char_p)
+    out_str = ctypes.POINTER(ctypes.c_char_p)
+    lib.capalloc_last_error.restype = c_char_p
+    lib.capalloc_last_error.argtypes = []
+    lib.capalloc_runtime_name.restype = c_char_p
+    lib.capalloc_runtime_name.argtypes = []
+    for name in ("capalloc_check", "capalloc_snapshot"):
+        getattr(lib, name).argtypes = [out_str]
+    lib.capalloc_preallocate.argtypes = [c_int, c_char_p, c_size, ctypes.POINTER(c_void_p)]
+    lib.capalloc_get.argtypes = [c_int, c_char_p, ctypes.POINTER(c_void_p)]
+    lib.capalloc_set_strict.argtypes = [c_int]
+    lib.capalloc_waive.argtypes = [c_u64, c_void_p, c_char_p, c_char_p]
+    lib.capalloc_empty_cache.argtypes = [c_int]
+    lib.capalloc_malloc_tagged.argtypes = [ctypes.POINTER(c_void_p), c_size, c_int, c_void_p,
+                                           c_char_p, c_int]
+    lib.capalloc_free.argtypes = [c_void_p]
+    lib.capalloc_get_stats.argtypes = [c_int, ctypes.POINTER(_Stats)]
+    if hasattr(lib, "capalloc_get_strict"):
+        lib.capalloc_get_strict.argtypes = [ctypes.POINTER(c_int)]
+    if hasattr(lib, "capalloc_torch_begin_allocate_to_pool"):
+        lib.capalloc_torch_begin_allocate_to_pool.argtypes = [c_int, c_u64, c_u64, c_void_p,
+                                                              c_void_p]
+        lib.capalloc_torch_end_allocate_to_pool.argtypes = [c_int, c_u64, c_u64, out_str]
+        lib.capalloc_torch_release_pool.argtypes = [c_int, c_u64, c_u64]
+    if hasattr(lib, "capalloc_torch_pool"):
+        lib.capalloc_torch_pool.argtypes = [c_int, c_u64, c_u64, ctypes.POINTER(c_u64),
+                                            ctypes.POINTER(c_int)]
+
+
+def load(path=None):
+    """Loads the library once; later calls return the same handle (a later
+    `path` naming another file is an error)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        if path is not None and library_path(path) != _lib_path:
+            raise CapallocError("load", 4, f"already loaded from {_lib_path!r}; one library "
+                                "per process")
+        return _lib
+    resolved = library_path(path)
+    lib = ctypes.CDLL(resolved, mode=ctypes.RTLD_GLOBAL)
+    _declare(lib)
+    _lib, _lib_path = lib, resolved
+    return lib
+
+
+def _message(lib):
+    return (lib.capalloc_last_error() or b"").decode("utf-8", errors="replace")
+
+
+def _call(name, *args):
+    lib = load()
+    status = getattr(lib, name)(*args)
+    if status != _OK:
+        raise CapallocError(name, status, _message(lib))
+
+
+def _json(raw):
+    # The JSON writer replaces invalid UTF-8 with U+FFFD; decode leniently all
+    # the same, so that no byte from C can make a call raise UnicodeDecodeError.
+    return json.loads(raw.decode("utf-8", errors="replace"))
+
+
+# --- PyTorch -----------------------------------------------------------------
+
+_PLAIN_HOOKS = ("malloc", "free")
+_ALL_HOOKS = ("malloc", "free", "record_stream", "empty_cache", "begin_allocate_to_pool",
+              "end_allocate_to_pool", "release_pool")
+_install_state = {"route": None, "shim_error": None}
+_shim = None
+
+
+def install(path=None, use_shim="auto"):
+    """Makes capalloc PyTorch's CUDA allocator. Call before the first CUDA
+    allocation of the process (PyTorch refuses to switch after it).
+
+    use_shim="auto" (default) builds the C++ shim (python/capalloc/
+    _torch_shim.cpp, cached) when PyTorch's headers and a C++ compiler are
+    there, else falls back to plain CUDAPluggableAllocator (malloc and free
+    only); True requires the shim (an error says why it could not be built);
+    False never builds it. active_hooks() says what is active."""
+    if use_shim not in (True, False, "auto"):
+        raise ValueError(f"install: use_shim must be True, False or 'auto', not {use_shim!r}")
+    import torch  # only install() needs PyTorch
+
+    global _shim
+    resolved = library_path(path)
+    load(resolved)
+    if use_shim:
+        from . import _shim_build
+        try:
+            _shim = _shim_build.build()
+        except Exception as e:  # noqa: BLE001: the reason is reported, not swallowed
+            if use_shim is True:
+                raise
+            _install_state["shim_error"] = f"{type(e).__name__}: {e}"
+        else:
+            _shim.install(resolved)
+            _install_state["route"] = "shim"
+            return _shim
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        resolved, "capalloc_torch_malloc", "capalloc_torch_free")
+    torch.cuda.memory.change_current_allocator(allocator)
+    _install_state["route"] = "pluggable"
+    return allocator
+
+
+def active_hooks():
+    """Which of PyTorch's allocator hooks reach capalloc after install():
+    {"route": "shim" | "pluggable" | None, "active": [...], "inactive": [...],
+    "calls": {hook: times called} (shim only), "shim_error": why the shim
+    could not be built (install(use_shim="auto") fell back), or None}."""
+    route = _install_state["route"]
+    active = list(_ALL_HOOKS if route == "shim" else _PLAIN_HOOKS if route else ())
+    return {
+        "route": route,
+        "active": active,
+        "inactive": [h for h in _ALL_HOOKS if h not in active],
+        "calls": dict(_shim.hook_counts()) if route == "shim" else {},
+        "shim_error": _install_state["shim_error"],
+    }
+
+
+def last_capture_findings():
+    """The findings capalloc returned at the end of the last capture through
+    the shim (PyTorch's endAllocateToPool, before the graph's first replay),
+    as Finding objects; [] before any, or without the shim."""
+    if _install_state["route"] != "shim":
+        return []
+    return [Finding(f) for f in json.loads(_shim.findings_of_last_end())]
+
+
+def torch_pool(device, pool_id):
+    """The capalloc graph pool that stands for PyTorch's pool `pool_id` (a
+    pair of ints, as torch.cuda.graph_pool_handle() returns) on `device`, and
+    how many captures use it: {"pool": handle, "uses": n}. CapallocError
+    (not found) when no capture uses it (the shim's pool hooks only)."""
+    device = _device("torch_pool", device)
+    try:
+        a, b = pool_id
+    except (TypeError, ValueError):
+        raise TypeError("torch_pool: pool_id must be a pair of ints (MempoolId_t), "
+                        f"not {pool_id!r}") from None
+    a = _int("torch_pool", "pool_id[0]", a, 0, _UINT64_MAX)
+    b = _int("torch_pool", "pool_id[1]", b, 0, _UINT64_MAX)
+    pool, uses = ctypes.c_uint64(), ctypes.c_int()
+    _call("capalloc_torch_pool", device, a, b, ctypes.byref(pool), ctypes.byref(uses))
+    return {"pool": pool.value, "uses": uses.value}
+
+
+# --- The check, buffers, stats -----------------------------------------------
+
+def check():
+    """Every captured graph against the live blocks now, as Finding objects.
+    Captures that have ended since the last call are recorded first."""
+    out = ctypes.c_char_p()
+    _call("capalloc_check", ctypes.byref(out))
+    return [Finding(f) for f in _json(out.value)]
+
+
+def preallocate(device, key, nbytes):
+    """Creates (or returns) the persistent buffer (device, key); returns its
+    address. Refused while a capture is active: call it during warmup."""
+    device = _device("preallocate", device)
+    key = _text("preallocate", "key", key)
+    nbytes = _int("preallocate", "nbytes", nbytes, 0, _SIZE_MAX)
+    out = ctypes.c_void_p()
+    _call("capalloc_preallocate", device, key, nbytes, ctypes.byref(out))
+    return out.value
+
+
+def get(device, key):
+    """The address of a preallocated buffer; never allocates."""
+    device = _device("get", device)
+    key = _text("get", "key", key)
+    out = ctypes.c_void_p()
+    _call("capalloc_get", device, key, ctypes.byref(out))
+    return out.value
+
+
+def snapshot():
+    """The allocator's and the tracker's state as a dict (docs/snapshot.md)."""
+    out = ctypes.c_char_p()
+    _call("capalloc_snapshot", ctypes.byref(out))
+    return _json(out.value)
+
+
+def set_strict(strict=True, possible=False):
+    """Strict mode: replays through capalloc of graphs with hazards are
+    refused, and with the shim a capture's end raises (at the end of the
+    torch.cuda.graph block); with possible=True also `possible` findings
+    (the footprint evidence of plain CUDAPluggableAllocator)."""
+    for name, value in (("strict", strict), ("possible", possible)):
+        if not isinstance(value, bool):
+            raise TypeError(f"set_strict: {name} must be a bool, not {type(value).__name__}")
+    _call("capalloc_set_strict", (2 if possible else 1) if strict else 0)
+
+
+def get_strict():
+    """The strict mode now: 0 (off), 1 (hazards) or 2 (also possible findings)."""
+    out = ctypes.c_int(-1)
+    _call("capalloc_get_strict", ctypes.byref(out))
+    return out.value
+
+
+def waive(graph, victim, reason):
+    """Marks the findings of `graph` (a finding's `graph` field) on `victim`
+    as judged benign: strict mode then replays the graph despite them, and
+    check() still lists them, with f.waived == {"reason": reason}. `victim`
+    is an address inside a live block (an int, e.g. tensor.data_ptr()) or a
+    tag (a str: every block with that tag)."""
+    graph = _int("waive", "graph", graph, 0, _UINT64_MAX)
+    reason = _text("waive", "reason", reason)
+    if not reason:
+        raise ValueError("waive: reason must be a non-empty str")
+    if isinstance(victim, str):
+        _call("capalloc_waive", graph, None, _text("waive", "victim", victim), reason)
+    elif isinstance(victim, int) and not isinstance(victim, bool):
+        _call("capalloc_waive", graph, _int("waive", "victim", victim, 1, _UINT64_MAX), None,
+              reason)
+    else:
+        raise TypeError("waive: victim must be an address (int) or a tag (str), "
+                        f"not {type(victim).__name__}")
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "allocated_bytes", "allocated_bytes_peak", "requested_bytes", "requested_bytes_peak",
+        "reserved_bytes", "reserved_bytes_peak", "segments", "allocated_blocks", "free_blocks",
+        "pending_free_blocks")] + [(name, ctypes.c_uint64) for name in (
+        "allocations", "frees", "retries", "ooms")]
+
+
+def memory_stats(device=0):
+    """capalloc's figures for `device` in torch.cuda.memory_stats()'s key
+    style (torch.cuda.memory_stats() itself raises under a pluggable
+    allocator). Keys with no PyTorch equivalent are prefixed "capalloc."."""
+    device = _device("memory_stats", device)
+    s = _Stats()
+    _call("capalloc_get_stats", device, ctypes.byref(s))
+    return {
+        "allocated_bytes.all.current": s.allocated_bytes,
+        "allocated_bytes.all.peak": s.allocated_bytes_peak,
+        "requested_bytes.all.current": s.requested_bytes,
+        "requested_bytes.all.peak": s.requested_bytes_peak,
+        "reserved_bytes.all.current": s.reserved_bytes,
+        "reserved_bytes.all.peak": s.reserved_bytes_peak,
+        "segment.all.current": s.segments,
+        "allocation.all.current": s.allocated_blocks,
+        "allocation.all.allocated": s.allocations,
+        "allocation.all.freed": s.frees,
+        "num_alloc_retries": s.retries,
+        "num_ooms": s.ooms,
+        "capalloc.free_blocks": s.free_blocks,
+        "capalloc.pending_free_blocks": s.pending_free_blocks,
+    }
+
+
+def empty_cache(device=-1):
+    """Returns capalloc's cached free segments of `device` (-1: every device)
+    to the runtime; with the shim, torch.cuda.empty_cache() does the same."""
+    device = _device("empty_cache", device, allow_all=True)
+    _call("capalloc_empty_cache", device)

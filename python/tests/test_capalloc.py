@@ -1,0 +1,323 @@
+"""Tests of the installed capalloc package over the C ABI, on the host runtime
+(no GPU, no PyTorch). Run by CTest (tests/python_package_test.sh) from
+outside the source tree, with the package pip-installed into a temporary
+virtual environment, CAPALLOC_LIBRARY naming the built libcapalloc.so and
+CAPALLOC_RUNTIME=host. The library-search cases run in child interpreters,
+since a process loads one library once."""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import capalloc
+
+LIBRARY = os.environ["CAPALLOC_LIBRARY"]
+
+
+def run_child(code, env_changes, cwd=None):
+    env = dict(os.environ)
+    for key, value in env_changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=cwd or tempfile.gettempdir(), timeout=120)
+
+
+class InstalledPackageTest(unittest.TestCase):
+    def test_imported_from_site_packages_not_the_source_tree(self):
+        here = os.path.dirname(os.path.abspath(capalloc.__file__))
+        self.assertIn("site-packages", here)
+        self.assertTrue(os.path.isfile(os.path.join(here, "_torch_shim.cpp")))
+
+    def test_library_loads_and_runs_on_the_host_runtime(self):
+        lib = capalloc.load()
+        self.assertEqual(lib.capalloc_runtime_name(), b"host")
+        self.assertEqual(capalloc.library_path(), os.path.abspath(LIBRARY))
+
+
+class LibrarySearchTest(unittest.TestCase):
+    def test_explicit_path_that_does_not_exist_is_an_error(self):
+        # It used to load CAPALLOC_LIBRARY instead, silently.
+        p = run_child("import capalloc\n"
+                      "try:\n    capalloc.load('/nonexistent/libcapalloc.so')\n"
+                      "except FileNotFoundError as e:\n    print('refused:', e)\n",
+                      {"CAPALLOC_LIBRARY": LIBRARY})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("refused:", p.stdout)
+        self.assertIn("/nonexistent/libcapalloc.so", p.stdout)
+
+    def test_explicit_path_comes_before_the_variable(self):
+        p = run_child("import capalloc\ncapalloc.load(%r)\nprint(capalloc.library_path())\n"
+                      % LIBRARY,
+                      {"CAPALLOC_LIBRARY": "/nonexistent/other.so"})
+        # An explicit path wins; the variable is not even looked at.
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.strip(), os.path.abspath(LIBRARY))
+
+    def test_variable_naming_no_file_is_an_error(self):
+        p = run_child("import capalloc\ncapalloc.load()\n",
+                      {"CAPALLOC_LIBRARY": "/nonexistent/libcapalloc.so"})
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("CAPALLOC_LIBRARY", p.stderr)
+        self.assertIn("FileNotFoundError", p.stderr)
+
+    def test_install_prefix_is_searched_last(self):
+        # The virtual environment is the install prefix: its lib/libcapalloc.so.
+        prefix_lib = os.path.join(sys.prefix, "lib", "libcapalloc.so")
+        self.assertFalse(os.path.exists(prefix_lib))
+        os.symlink(os.path.abspath(LIBRARY), prefix_lib)
+        try:
+            p = run_child("import capalloc\ncapalloc.load()\nprint(capalloc.library_path())\n",
+                          {"CAPALLOC_LIBRARY": None})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout.strip(), prefix_lib)
+            p = run_child("import capalloc\ncapalloc.load()\nprint(capalloc.library_path())\n",
+                          {"CAPALLOC_LIBRARY": os.path.abspath(LIBRARY)})
+            self.assertEqual(p.stdout.strip(), os.path.abspath(LIBRARY))
+        finally:
+            os.unlink(prefix_lib)
+
+
+# A stand-in for PyTorch with no C++ headers: what install() does where the
+# shim cannot be built (the real PyTorch path is tools/gpu/torch_shim_check.py).
+FAKE_TORCH = """
+import os, sys, tempfile, types
+calls = []
+class PluggableAllocator:
+    def __init__(self, path, alloc_fn, free_fn):
+        calls.append(("CUDAPluggableAllocator", path, alloc_fn, free_fn))
+torch = types.ModuleType("torch")
+torch.__version__ = "0.0+no-headers"
+torch.__file__ = os.path.join(tempfile.mkdtemp(), "torch", "__init__.py")
+torch.version = types.SimpleNamespace(cuda="13.0")
+torch._C = types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=True)
+torch.cuda = types.SimpleNamespace(
+    is_available=lambda: True,
+    memory=types.SimpleNamespace(
+        CUDAPluggableAllocator=PluggableAllocator,
+        change_current_allocator=lambda a: calls.append(("change_current_allocator",))))
+sys.modules["torch"] = torch
+import capalloc
+"""
+
+
+class InstallFallbackTest(unittest.TestCase):
+    def test_auto_falls_back_to_plain_pluggable_and_says_why(self):
+        p = run_child(FAKE_TORCH + (
+            "capalloc.install(use_shim='auto')\n"
+            "import json\n"
+            "print(json.dumps({'hooks': capalloc.active_hooks(), 'calls': calls}))\n"), {})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        hooks = out["hooks"]
+        self.assertEqual(hooks["route"], "pluggable")
+        self.assertEqual(hooks["active"], ["malloc", "free"])
+        self.assertIn("end_allocate_to_pool", hooks["inactive"])
+        self.assertIn("C++ headers", hooks["shim_error"])
+        self.assertEqual(out["calls"][0], ["CUDAPluggableAllocator", os.path.abspath(LIBRARY),
+                                           "capalloc_torch_malloc", "capalloc_torch_free"])
+        self.assertEqual(out["calls"][1], ["change_current_allocator"])
+
+    def test_use_shim_true_raises_the_reason(self):
+        p = run_child(FAKE_TORCH + "capalloc.install(use_shim=True)\n", {})
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("ShimBuildError", p.stderr)
+        self.assertIn("C++ headers", p.stderr)
+
+    def test_use_shim_false_never_builds_it(self):
+        p = run_child(FAKE_TORCH + (
+            "capalloc.install(use_shim=False)\n"
+            "print(capalloc.active_hooks()['route'], capalloc.active_hooks()['shim_error'])\n"),
+            {})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout.split(), ["pluggable", "None"])
+
+
+class ArgumentTest(unittest.TestCase):
+    def test_integers_out_of_range_raise_instead_of_wrapping(self):
+        # device 2**40 used to become 0, a size of 2**64 to become 0.
+        with self.assertRaisesRegex(ValueError, "preallocate: device"):
+            capalloc.preallocate(2**40, "py.range", 64)
+        with self.assertRaisesRegex(ValueError, "preallocate: nbytes"):
+            capalloc.preallocate(0, "py.range", 2**64)
+        with self.assertRaisesRegex(ValueError, "preallocate: nbytes"):
+            capalloc.preallocate(0, "py.range", -1)
+        with self.assertRaisesRegex(ValueError, "get: device"):
+            capalloc.get(-1, "py.range")
+        with self.assertRaisesRegex(ValueError, "waive: graph"):
+            capalloc.waive(2**64, "WS", "benign")
+        with self.assertRaisesRegex(ValueError, "memory_stats: device"):
+            capalloc.memory_stats(2**31)
+        with self.assertRaisesRegex(ValueError, "empty_cache: device"):
+            capalloc.empty_cache(-2)
+        # Nothing was created under that key.
+        with self.assertRaises(capalloc.CapallocError):
+            capalloc.get(0, "py.range")
+
+    def test_nul_bytes_in_strings_raise_instead_of_truncating(self):
+        capalloc.preallocate(0, "py.nul", 64)
+        with self.assertRaisesRegex(ValueError, "preallocate: key contains a NUL byte"):
+            capalloc.preallocate(0, "py.nul\0suffix", 64)
+        with self.assertRaisesRegex(ValueError, "get: key contains a NUL byte"):
+            capalloc.get(0, "py.nul\0suffix")  # used to return py.nul's buffer
+        with self.assertRaisesRegex(ValueError, "waive: reason"):
+            capalloc.waive(1, "WS", "a\0b")
+
+    def test_wrong_types_raise_type_error_naming_the_argument(self):
+        # None used to give AttributeError.
+        with self.assertRaisesRegex(TypeError, "preallocate: key must be a str, not NoneType"):
+            capalloc.preallocate(0, None, 64)
+        with self.assertRaisesRegex(TypeError, "get: device must be an int, not NoneType"):
+            capalloc.get(None, "k")
+        with self.assertRaisesRegex(TypeError, "preallocate: nbytes must be an int, not float"):
+            capalloc.preallocate(0, "k", 64.0)
+        with self.assertRaisesRegex(TypeError, "get: device must be an int, not bool"):
+            capalloc.get(True, "k")
+        with self.assertRaisesRegex(TypeError, "get: key must be a str, not bytes"):
+            capalloc.get(0, b"k")
+        with self.assertRaisesRegex(TypeError, "waive: reason must be a str"):
+            capalloc.waive(1, "WS", None)
+        with self.assertRaisesRegex(TypeError, "waive: victim"):
+            capalloc.waive(1, 1.5, "benign")
+        with self.assertRaisesRegex(TypeError, "set_strict: strict must be a bool"):
+            capalloc.set_strict(None)
+        with self.assertRaisesRegex(TypeError, "library_path: path must be"):
+            capalloc.library_path(42)
+        with self.assertRaisesRegex(ValueError, "install: use_shim"):
+            capalloc.install(use_shim="sometimes")
+
+    def test_waive_checks_its_arguments_before_c(self):
+        with self.assertRaises(ValueError):
+            capalloc.waive(1, "WS", "")
+        with self.assertRaises(capalloc.CapallocError) as unknown:
+            capalloc.waive(987654321, "WS", "benign")
+        self.assertEqual(unknown.exception.status, 3)
+
+
+class CallTest(unittest.TestCase):
+    def test_preallocate_then_get_returns_the_same_buffer(self):
+        ptr = capalloc.preallocate(0, "py.workspace", 1 << 20)
+        self.assertTrue(ptr)
+        self.assertEqual(capalloc.get(0, "py.workspace"), ptr)
+        self.assertEqual(capalloc.preallocate(0, "py.workspace", 1 << 10), ptr)
+
+    def test_errors_raise_with_capallocs_message(self):
+        with self.assertRaises(capalloc.CapallocError) as cold:
+            capalloc.get(0, "py.never.warmed")
+        self.assertIn("preallocate", str(cold.exception))
+        self.assertEqual(cold.exception.status, 3)
+        with self.assertRaises(capalloc.CapallocError):
+            capalloc.preallocate(0, "py.workspace.big", 0)
+
+    def test_check_returns_findings_objects(self):
+        findings = capalloc.check()
+        self.assertIsInstance(findings, list)
+        for f in findings:
+            self.assertIsInstance(f, capalloc.Finding)
+
+    def test_snapshot_describes_devices_blocks_and_graphs(self):
+        capalloc.preallocate(0, "py.snapshot", 4096)
+        state = capalloc.snapshot()
+        self.assertEqual(state["schema"], "capalloc.snapshot/3")
+        self.assertEqual(state["runtime"], "host")
+        tags = [b["tag"] for d in state["devices"] for b in d["live_blocks"]]
+        self.assertIn("py.snapshot", tags)
+        self.assertIn("graphs", state)
+        self.assertIn("findings", state)
+
+    def test_invalid_utf8_tag_reaches_python_as_replacement_characters(self):
+        # A tag from C with invalid UTF-8: the JSON writer replaces it with
+        # U+FFFD, and snapshot() parses it (it used to raise UnicodeDecodeError).
+        lib = capalloc.load()
+        p = ctypes.c_void_p()
+        status = lib.capalloc_malloc_tagged(ctypes.byref(p), 256, 0, None, b"bad\xff\xfetag", 0)
+        self.assertEqual(status, 0)
+        try:
+            state = capalloc.snapshot()
+            tags = [b["tag"] for d in state["devices"] for b in d["live_blocks"]]
+            self.assertIn("bad\ufffd\ufffdtag", tags)
+            # The JSON is valid UTF-8 as it comes from C: a strict decode and
+            # Python's json parse it.
+            raw = ctypes.c_char_p()
+            self.assertEqual(lib.capalloc_snapshot(ctypes.byref(raw)), 0)
+            strict = json.loads(raw.value.decode("utf-8", errors="strict"))
+            self.assertIn("bad\ufffd\ufffdtag",
+                          [b["tag"] for d in strict["devices"] for b in d["live_blocks"]])
+        finally:
+            self.assertEqual(lib.capalloc_free(p), 0)
+
+    def test_memory_stats_in_torchs_key_style(self):
+        before = capalloc.memory_stats(0)
+        ptr = capalloc.preallocate(0, "py.stats", 1 << 16)
+        self.assertTrue(ptr)
+        after = capalloc.memory_stats(0)
+        for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                    "reserved_bytes.all.current", "requested_bytes.all.current",
+                    "segment.all.current", "allocation.all.current", "allocation.all.allocated",
+                    "allocation.all.freed", "num_alloc_retries", "num_ooms"):
+            self.assertIn(key, after)
+        self.assertEqual(after["allocated_bytes.all.current"],
+                         before["allocated_bytes.all.current"] + (1 << 16))
+        self.assertEqual(after["allocation.all.allocated"], before["allocation.all.allocated"] + 1)
+        self.assertGreaterEqual(after["reserved_bytes.all.current"],
+                                after["allocated_bytes.all.current"])
+        with self.assertRaises(capalloc.CapallocError):
+            capalloc.memory_stats(5)  # no such device on the host runtime
+
+    def test_empty_cache_returns_cached_segments(self):
+        capalloc.empty_cache()
+        capalloc.empty_cache(0)
+        self.assertGreaterEqual(capalloc.memory_stats(0)["reserved_bytes.all.current"], 0)
+
+    def test_strict_mode_round_trips(self):
+        try:
+            capalloc.set_strict(True)
+            self.assertEqual(capalloc.get_strict(), 1)
+            capalloc.set_strict(True, possible=True)
+            self.assertEqual(capalloc.get_strict(), 2)
+        finally:
+            capalloc.set_strict(False)
+        self.assertEqual(capalloc.get_strict(), 0)
+
+    def test_active_hooks_before_install(self):
+        hooks = capalloc.active_hooks()
+        self.assertIsNone(hooks["route"])
+        self.assertEqual(hooks["active"], [])
+        self.assertIn("record_stream", hooks["inactive"])
+
+    def test_torch_pool_checks_its_arguments_and_reports_unknown_pools(self):
+        with self.assertRaisesRegex(TypeError, "torch_pool: pool_id must be a pair"):
+            capalloc.torch_pool(0, 5)
+        with self.assertRaisesRegex(ValueError, r"torch_pool: pool_id\[1\]"):
+            capalloc.torch_pool(0, (1, 2**64))
+        with self.assertRaises(capalloc.CapallocError) as unknown:
+            capalloc.torch_pool(0, (123456, 0))
+        self.assertEqual(unknown.exception.status, 3)
+        # A pool PyTorch's hooks began (through the C ABI, as the shim calls it).
+        lib = capalloc.load()
+        self.assertEqual(lib.capalloc_torch_begin_allocate_to_pool(0, 0, 4242, None, None), 0)
+        try:
+            info = capalloc.torch_pool(0, (0, 4242))
+            self.assertEqual(info["uses"], 1)
+            self.assertGreater(info["pool"], 0)
+        finally:
+            self.assertEqual(lib.capalloc_torch_end_allocate_to_pool(0, 0, 4242, None), 0)
+            self.assertEqual(lib.capalloc_torch_release_pool(0, 0, 4242), 0)
+
+    def test_finding_reads_its_fields(self):
+        f = capalloc.Finding({
+            "severity": "hazard", "graph_label": "g", "capture": 1, "evidence": "footprint",
+            "victim": {"tag": "WS", "sequence": 4, "size": 1024, "ptr": "0x1"},
+            "writer": {"tag": "T", "sequence": 2}, "overlap": {"bytes": 1024}, "fix": "x"})
+        self.assertEqual(f.victim["tag"], "WS")
+        self.assertIn("[hazard] g", str(f))
+
+
+if __name__ == "__main__":
+    unittest.main()
