@@ -9,6 +9,7 @@
 #include <limits>
 #include <system_error>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace capalloc::config {
@@ -185,7 +186,9 @@ std::string problem(const Variable& v, std::string_view text) {
 absl::Status check(const Variable& v, std::string_view text) {
   const std::string p = problem(v, text);
   if (p.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(std::string(v.name), "='", std::string(text),
+  // The value is the caller's bytes: escaped, so that a stray newline or
+  // control character shows in the message instead of acting on the terminal.
+  return absl::InvalidArgumentError(absl::StrCat(std::string(v.name), "='", absl::CHexEscape(absl::string_view(text.data(), text.size())),
                                                  "' ", p, "; accepted: ", accepted(v)));
 }
 

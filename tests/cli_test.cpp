@@ -233,6 +233,28 @@ TEST_CASE("cli: the CAPALLOC_* variables are honoured, and flags override them",
     CHECK_RUN(quiet, 0);
     CHECK(quiet.err.empty());
   }
+  SECTION("an invalid variable fails a command that has no flag for it") {
+    // describe takes neither --strict nor --capture-guard-scope; the library
+    // reads both, so an invalid value fails it as it fails arms.
+    const Run strict = capalloc_cli({"describe", "--runtime", "host"}, {{"CAPALLOC_STRICT", "bogus"}});
+    CHECK_RUN(strict, 2);
+    CHECK_THAT(strict.err, Contains("CAPALLOC_STRICT='bogus'"));
+    const Run scope = capalloc_cli({"describe", "--runtime", "host"},
+                                   {{"CAPALLOC_CAPTURE_GUARD_SCOPE", "bogus"}});
+    CHECK_RUN(scope, 2);
+    CHECK_THAT(scope.err, Contains("CAPALLOC_CAPTURE_GUARD_SCOPE='bogus'"));
+  }
+  SECTION("a value in an error is escaped") {
+    const Run bad = capalloc_cli({"describe", "--runtime", "host"},
+                                 {{"CAPALLOC_STRICT", "1\n\x1b[31mX\xff"}});
+    CHECK_RUN(bad, 2);
+    CHECK_THAT(bad.err, Contains("CAPALLOC_STRICT='1\\n\\x1b[31mX\\xff'"));
+    CHECK(bad.err.find('\x1b') == std::string::npos);
+  }
+  SECTION("--strict given twice is a usage error") {
+    const Run twice = capalloc_cli({"arms", "--arm", "A", "--runtime", "host", "--strict", "--strict=0"});
+    CHECK_RUN(twice, 2);
+  }
   SECTION("CAPALLOC_CAPTURE_GUARD_SCOPE") {
     const Run bad = capalloc_cli({"gemm-scenario", "--runtime", "host"},
                                  {{"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"}});

@@ -36,6 +36,9 @@ rm -rf "$work"
 mkdir -p "$work"
 # A copy of the package's sources: pip builds in the tree it is given.
 cp -r "$repo_root/python" "$work/src"
+# Not setuptools' leftovers of an earlier in-tree `pip install ./python`: its
+# build/lib would be packaged instead of the sources, which cp just made newer.
+rm -rf "$work/src/build" "$work/src/"*.egg-info
 "$python" -m venv --system-site-packages "$work/venv"
 "$work/venv/bin/python" -m pip install --no-build-isolation --no-index --no-deps \
   --disable-pip-version-check -q "$work/src"

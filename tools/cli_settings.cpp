@@ -4,7 +4,10 @@
 // configuration table's choices, numbers through the table's own check.
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/escaping.h"
 
 #include "common/config.hpp"
 #include "common/status_macros.hpp"
@@ -34,7 +37,9 @@ CLI::Validator table_check(Var id) {
       [id](std::string& value) -> std::string {
         const config::Variable& v = config::variable(id);
         const std::string p = config::problem(v, value);
-        return p.empty() ? std::string() : "'" + value + "' " + p + "; accepted: " + config::accepted(v);
+        return p.empty() ? std::string()
+                         : "'" + absl::CHexEscape(value) + "' " + p +
+                               "; accepted: " + config::accepted(v);
       },
       "");
 }
@@ -79,6 +84,7 @@ SettingsFlags::SettingsFlags(CLI::App& command, unsigned flags) : flags_(flags) 
                                 "possible findings (=possible), or only logs them (=0)",
                                 Var::kStrict, "0"))
             ->check(CLI::IsMember(choices(Var::kStrict)).description(""))
+            ->multi_option_policy(CLI::MultiOptionPolicy::Throw)
             ->type_name("[=0|1|possible]");
   }
   if (flags_ & kLogLevelFlag) {
@@ -92,6 +98,20 @@ SettingsFlags::SettingsFlags(CLI::App& command, unsigned flags) : flags_(flags) 
 }
 
 absl::StatusOr<Settings> SettingsFlags::start() const {
+  // The library's variables that this command has no flag for are checked
+  // too: an invalid one fails every command the same way, whether or not the
+  // command uses it. Those with a flag are resolved below (flag, else
+  // variable), so a given flag overrides its variable, valid or not.
+  const std::pair<Var, const CLI::Option*> library_variables[] = {
+      {Var::kRuntime, runtime_option_},         {Var::kRoundGranularity, granularity_option_},
+      {Var::kCaptureGuardScope, guard_scope_option_}, {Var::kStrict, strict_option_},
+      {Var::kLogLevel, log_level_option_},      {Var::kBackendPath, nullptr},
+  };
+  for (const auto& [id, option] : library_variables) {
+    if (option != nullptr) continue;
+    const std::string text = config::raw(id);
+    if (!text.empty()) CAPALLOC_RETURN_IF_ERROR(config::check(config::variable(id), text));
+  }
   Settings s;
   auto given = [](const CLI::Option* option) { return option != nullptr && option->count() > 0; };
   if (given(runtime_option_)) {

@@ -79,8 +79,15 @@ class Finding:
         return dict(self._fields)
 
     def __repr__(self):
-        return (f"Finding({self.severity}: {self.graph_label} clobbers "
-                f"{self.victim['tag'] or 'untagged'!r} through {self.writer['tag'] or 'untagged'!r})")
+        # Never raises, whatever the JSON held (a repr that raises hides the
+        # object it was asked to show).
+        d = self._fields if isinstance(self._fields, dict) else {}
+
+        def tag(side):
+            block = d.get(side)
+            return (block.get("tag") if isinstance(block, dict) else None) or "untagged"
+        return (f"Finding({d.get('severity', '?')}: {d.get('graph_label', '?')} clobbers "
+                f"{tag('victim')!r} through {tag('writer')!r})")
 
     def __str__(self):
         v, w = self.victim, self.writer
@@ -209,15 +216,26 @@ def load(path=None):
     `path` naming another file is an error)."""
     global _lib, _lib_path
     if _lib is not None:
-        if path is not None and library_path(path) != _lib_path:
+        if path is not None and not _same_file(library_path(path), _lib_path):
             raise CapallocError("load", 4, f"already loaded from {_lib_path!r}; one library "
                                 "per process")
         return _lib
     resolved = library_path(path)
     lib = ctypes.CDLL(resolved, mode=ctypes.RTLD_GLOBAL)
+    if not hasattr(lib, "capalloc_last_error"):
+        raise CapallocError("load", 1, f"{resolved!r} is not a capalloc library (it has no "
+                            "capalloc_last_error)")
     _declare(lib)
     _lib, _lib_path = lib, resolved
     return lib
+
+
+def _same_file(a, b):
+    """Whether two library paths name one file (a symlink names its target)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a == b
 
 
 def _message(lib):
@@ -313,6 +331,8 @@ def torch_pool(device, pool_id):
     (not found) when no capture uses it (the shim's pool hooks only)."""
     device = _device("torch_pool", device)
     try:
+        if not isinstance(pool_id, (tuple, list)):
+            raise TypeError
         a, b = pool_id
     except (TypeError, ValueError):
         raise TypeError("torch_pool: pool_id must be a pair of ints (MempoolId_t), "
@@ -369,6 +389,9 @@ def set_strict(strict=True, possible=False):
     for name, value in (("strict", strict), ("possible", possible)):
         if not isinstance(value, bool):
             raise TypeError(f"set_strict: {name} must be a bool, not {type(value).__name__}")
+    if possible and not strict:
+        raise ValueError("set_strict: possible=True needs strict=True (possible findings are "
+                         "refused only in strict mode)")
     _call("capalloc_set_strict", (2 if possible else 1) if strict else 0)
 
 

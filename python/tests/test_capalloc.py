@@ -67,6 +67,25 @@ class LibrarySearchTest(unittest.TestCase):
         self.assertIn("CAPALLOC_LIBRARY", p.stderr)
         self.assertIn("FileNotFoundError", p.stderr)
 
+    def test_a_library_that_is_not_capalloc_is_refused_clearly(self):
+        import _ctypes  # a shared object that surely loads, and is not capalloc
+        libm = _ctypes.__file__
+        p = run_child("import capalloc\n"
+                      "try:\n    capalloc.load(%r)\n"
+                      "except capalloc.CapallocError as e:\n    print('refused:', e)\n" % libm,
+                      {"CAPALLOC_LIBRARY": None}, cwd=tempfile.gettempdir())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("is not a capalloc library", p.stdout)
+
+    def test_a_symlink_to_the_loaded_library_is_the_same_library(self):
+        with tempfile.TemporaryDirectory() as d:
+            link = os.path.join(d, "libcapalloc.so")
+            os.symlink(os.path.abspath(LIBRARY), link)
+            p = run_child("import capalloc\ncapalloc.load(%r)\ncapalloc.load(%r)\nprint('ok')\n"
+                          % (LIBRARY, link), {})
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("ok", p.stdout)
+
     def test_install_prefix_is_searched_last(self):
         # The virtual environment is the install prefix: its lib/libcapalloc.so.
         prefix_lib = os.path.join(sys.prefix, "lib", "libcapalloc.so")
@@ -309,6 +328,20 @@ class CallTest(unittest.TestCase):
         finally:
             self.assertEqual(lib.capalloc_torch_end_allocate_to_pool(0, 0, 4242, None), 0)
             self.assertEqual(lib.capalloc_torch_release_pool(0, 0, 4242), 0)
+
+    def test_finding_repr_never_raises(self):
+        for fields in ({}, {"victim": None, "writer": 3}, {"severity": "hazard"}):
+            self.assertIn("Finding(", repr(capalloc.Finding(fields)))
+
+    def test_possible_without_strict_is_refused(self):
+        before = capalloc.get_strict()
+        with self.assertRaises(ValueError):
+            capalloc.set_strict(False, possible=True)
+        self.assertEqual(capalloc.get_strict(), before)
+
+    def test_torch_pool_id_must_be_a_pair(self):
+        with self.assertRaises(TypeError):
+            capalloc.torch_pool(0, {1: 2, 3: 4})
 
     def test_finding_reads_its_fields(self):
         f = capalloc.Finding({
