@@ -4,14 +4,17 @@
 // An API traits type (CudaApi in cuda_api.hpp, HipApi in hip_api.hpp) is a
 // struct of static members, one per thing the runtime uses of a native API:
 //   - types: Error, Stream, Event, Graph, GraphExec, GraphNode, NodeType,
-//     CaptureStatus, CaptureMode, MemsetParams, Memcpy3DParms;
+//     CaptureStatus, CaptureMode, MemsetParams, Memcpy3DParms (and, where
+//     kHasUserObjects, UserObject);
 //   - constants: kKind (RuntimeKind), kName ("cuda" or "hip": the runtime's
 //     name in messages and the prefix of its native calls), kDisplayName
 //     ("CUDA" or "HIP"), kHasUserObjects, kSuccess, the error codes the
 //     runtime maps (kErrorX), the capture statuses and modes, and the flags
 //     it passes;
 //   - one thin static function per native call, named as the native call
-//     without its prefix (Api::Malloc is cudaMalloc or hipMalloc);
+//     without its prefix (Api::Malloc is cudaMalloc or hipMalloc); the
+//     user-object calls only where kHasUserObjects (the template reaches
+//     them under `if constexpr`);
 //   - the backend hooks, defined in the backend's .cpp, holding what the two
 //     APIs do not share: query_capture, graph_edges, classify_node and
 //     read_kernel_pointer_params (declared in each traits type, documented

@@ -100,7 +100,6 @@ absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_hip_runtime() {
 
 }  // namespace capalloc::detail
 
-
 // The backend plugin's entry point (runtime/plugins.hpp): how libcapalloc
 // finds this runtime.
 extern "C" __attribute__((visibility("default"))) const capalloc::detail::BackendEntry*
