@@ -3,7 +3,7 @@
 // cuda_api.hpp, HipApi in hip_api.hpp). Its members are defined in
 // gpu_runtime_impl.hpp (devices, segments, streams, events, work) and
 // gpu_graph_impl.hpp (kernel launches, capture, graphs, write records, the
-// factory); cuda_runtime.cpp and hip_runtime.cpp include both and instantiate
+// factory; the graph walk in gpu_graph_scan.hpp); cuda_runtime.cpp and hip_runtime.cpp include both and instantiate
 // the class once each. Nothing here names a native type: the traits do.
 //
 // Invariants:
