@@ -1,6 +1,7 @@
-// cuda_runtime.cpp: the `cuda` DeviceRuntime (CudaRuntime): the shared GPU
-// implementation (gpu_runtime.inc, gpu_graph.inc) over the CUDA runtime API,
-// plus what only CUDA has: the CUDA 13 capture query and kernel parameter
+// cuda_runtime.cpp: the `cuda` DeviceRuntime, GpuRuntime<CudaApi>: the shared
+// GPU implementation (gpu_runtime.hpp, gpu_runtime_impl.hpp, gpu_graph_impl.hpp)
+// over the CUDA runtime API (cuda_api.hpp), plus what only CUDA has, as
+// CudaApi's backend hooks: the CUDA 13 capture query and kernel parameter
 // inspection through the driver.
 //
 // Plain C++ (no nvcc), linked against libcudart only. The driver functions
@@ -9,88 +10,32 @@
 // cudaGetDriverEntryPointByVersion at the version of the CUDA headers built
 // against, so the prototypes in <cuda.h> are the ones the driver hands back
 // and libcuda is never linked. A driver without them leaves kernel nodes
-// uninspected (graph_writes then falls back as gpu_graph.inc describes).
+// uninspected (graph_writes then falls back as gpu_graph_impl.hpp describes).
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
-#define CAPALLOC_GPU(name) cuda##name
-#define CAPALLOC_GPU_PREFIX "cuda"
-#define CAPALLOC_GPU_RUNTIME CudaRuntime
-#define CAPALLOC_GPU_RUNTIME_NAME "cuda"
-#define CAPALLOC_GPU_KIND RuntimeKind::kCuda
-#define CAPALLOC_GPU_DISPLAY_NAME "CUDA"
-#define CAPALLOC_GPU_FACTORY make_cuda_runtime
-#define CAPALLOC_GPU_HAS_USER_OBJECTS 1
-
-// The class and its first half, then capture and graphs: in this order.
-#include "runtime/gpu_runtime.inc"
-//
-#include "runtime/gpu_graph.inc"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
+#include "capalloc/runtime.hpp"
+#include "runtime/cuda_api.hpp"
+#include "runtime/gpu_graph_impl.hpp"
+#include "runtime/gpu_runtime.hpp"
+#include "runtime/gpu_runtime_impl.hpp"
+#include "runtime/gpu_runtimes.hpp"
 #include "runtime/plugins.hpp"
 
 namespace capalloc::detail {
 namespace {
-
-NativeError query_native_capture(NativeStream stream, bool with_dependencies, NativeCapture& out) {
-  const cudaGraphNode_t* dependencies = nullptr;
-  // Asked for with the dependencies, so that edges carrying data (programmatic
-  // launches) do not make the query fail as lossy.
-  const cudaGraphEdgeData* edges = nullptr;
-  std::size_t count = 0;
-  const cudaError_t e = with_dependencies
-                            ? cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph,
-                                                       &dependencies, &edges, &count)
-                            : cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph);
-  if (e == cudaSuccess && dependencies != nullptr) {
-    // Valid only until the next call on the stream: copy now.
-    out.dependencies.assign(dependencies, dependencies + count);
-  }
-  return e;
-}
-
-NativeError native_edges(NativeGraph graph,
-                         std::vector<std::pair<NativeGraphNode, NativeGraphNode>>& out) {
-  std::size_t count = 0;
-  if (const cudaError_t e = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count);
-      e != cudaSuccess) {
-    return e;
-  }
-  std::vector<cudaGraphNode_t> from(count), to(count);
-  std::vector<cudaGraphEdgeData> data(count);
-  if (count != 0) {
-    if (const cudaError_t e = cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count);
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  out.clear();
-  for (std::size_t i = 0; i < count && i < from.size(); ++i) {
-    // A programmatic edge lets the dependent start before its source ends:
-    // it orders nothing the alias rule may rely on.
-    if (data[i].type != cudaGraphDependencyTypeDefault) continue;
-    out.emplace_back(from[i], to[i]);
-  }
-  return cudaSuccess;
-}
-
-NodeKind classify_node(NativeNodeType type) {
-  switch (type) {
-    case cudaGraphNodeTypeKernel:
-      return NodeKind::kKernel;
-    case cudaGraphNodeTypeMemset:
-      return NodeKind::kMemset;
-    case cudaGraphNodeTypeMemcpy:
-      return NodeKind::kMemcpy;
-    case cudaGraphNodeTypeGraph:
-      return NodeKind::kChildGraph;
-    case cudaGraphNodeTypeConditional:  // bodies hold nodes of their own
-      return NodeKind::kOpaqueWriter;
-    default:
-      return NodeKind::kNoDeviceWrite;
-  }
-}
 
 // The driver functions kernel inspection needs, resolved once.
 struct DriverEntryPoints {
@@ -139,7 +84,72 @@ std::string driver_error(const DriverEntryPoints& d, CUresult r, std::string_vie
 // a bound on the walk should the driver never say "past the last one".
 constexpr std::size_t kMaxKernelParams = 32768;
 
-absl::Status read_kernel_pointer_params(NativeGraphNode node, std::vector<std::uintptr_t>& out) {
+}  // namespace
+
+// --- CudaApi's backend hooks ------------------------------------------------------
+
+cudaError_t CudaApi::query_capture(cudaStream_t stream, bool with_dependencies,
+                                   NativeCapture<CudaApi>& out) {
+  const cudaGraphNode_t* dependencies = nullptr;
+  // Asked for with the dependencies, so that edges carrying data (programmatic
+  // launches) do not make the query fail as lossy.
+  const cudaGraphEdgeData* edges = nullptr;
+  std::size_t count = 0;
+  const cudaError_t e = with_dependencies
+                            ? cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph,
+                                                       &dependencies, &edges, &count)
+                            : cudaStreamGetCaptureInfo(stream, &out.status, &out.id, &out.graph);
+  if (e == cudaSuccess && dependencies != nullptr) {
+    // Valid only until the next call on the stream: copy now.
+    out.dependencies.assign(dependencies, dependencies + count);
+  }
+  return e;
+}
+
+cudaError_t CudaApi::graph_edges(cudaGraph_t graph,
+                                 std::vector<std::pair<cudaGraphNode_t, cudaGraphNode_t>>& out) {
+  std::size_t count = 0;
+  if (const cudaError_t e = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count);
+      e != cudaSuccess) {
+    return e;
+  }
+  std::vector<cudaGraphNode_t> from(count), to(count);
+  std::vector<cudaGraphEdgeData> data(count);
+  if (count != 0) {
+    if (const cudaError_t e = cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count);
+        e != cudaSuccess) {
+      return e;
+    }
+  }
+  out.clear();
+  for (std::size_t i = 0; i < count && i < from.size(); ++i) {
+    // A programmatic edge lets the dependent start before its source ends:
+    // it orders nothing the alias rule may rely on.
+    if (data[i].type != cudaGraphDependencyTypeDefault) continue;
+    out.emplace_back(from[i], to[i]);
+  }
+  return cudaSuccess;
+}
+
+GpuNodeKind CudaApi::classify_node(cudaGraphNodeType type) {
+  switch (type) {
+    case cudaGraphNodeTypeKernel:
+      return GpuNodeKind::kKernel;
+    case cudaGraphNodeTypeMemset:
+      return GpuNodeKind::kMemset;
+    case cudaGraphNodeTypeMemcpy:
+      return GpuNodeKind::kMemcpy;
+    case cudaGraphNodeTypeGraph:
+      return GpuNodeKind::kChildGraph;
+    case cudaGraphNodeTypeConditional:  // bodies hold nodes of their own
+      return GpuNodeKind::kOpaqueWriter;
+    default:
+      return GpuNodeKind::kNoDeviceWrite;
+  }
+}
+
+absl::Status CudaApi::read_kernel_pointer_params(cudaGraphNode_t node,
+                                                 std::vector<std::uintptr_t>& out) {
   const DriverEntryPoints& d = driver();
   if (d.kernel_node_params == nullptr ||
       (d.func_param_info == nullptr && d.kernel_param_info == nullptr)) {
@@ -187,7 +197,14 @@ absl::Status read_kernel_pointer_params(NativeGraphNode node, std::vector<std::u
   return absl::OkStatus();
 }
 
-}  // namespace
+// --- The runtime and its factory ---------------------------------------------------
+
+template class GpuRuntime<CudaApi>;
+
+absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_cuda_runtime() {
+  return make_gpu_runtime<CudaApi>();
+}
+
 }  // namespace capalloc::detail
 
 // The backend plugin's entry point (runtime/plugins.hpp): how libcapalloc

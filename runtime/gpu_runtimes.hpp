@@ -1,14 +1,14 @@
 // gpu_runtimes.hpp: the factories of the GPU DeviceRuntimes, `cuda`
-// (CudaRuntime, cuda_runtime.cpp) and `hip` (HipRuntime, hip_runtime.cpp),
-// each the entry of its backend plugin (plugins.hpp).
+// (GpuRuntime<CudaApi>, cuda_runtime.cpp) and `hip` (GpuRuntime<HipApi>,
+// hip_runtime.cpp), each the entry of its backend plugin (plugins.hpp).
 //
-// Both classes are one implementation (gpu_runtime.inc and gpu_graph.inc)
-// compiled twice against macro-mapped native names, so their definitions live
-// in those translation units, beside the native headers; this header carries
-// no native type and is safe to include from any capalloc source. Each factory
-// is defined only in its own backend plugin. A factory fails with kUnavailable ("no CUDA
-// device") when the toolkit's runtime reports no device, so a runtime that
-// exists always has device_count() >= 1.
+// Both are one class template (gpu_runtime.hpp) over an API traits type
+// (cuda_api.hpp, hip_api.hpp), instantiated in its backend's source beside
+// the native headers; this header carries no native type and is safe to
+// include from any capalloc source. Each factory is defined only in its own
+// backend plugin. A factory fails with kUnavailable ("no CUDA device") when
+// the toolkit's runtime reports no device, so a runtime that exists always
+// has device_count() >= 1.
 #ifndef CAPALLOC_RUNTIME_GPU_RUNTIMES_HPP_
 #define CAPALLOC_RUNTIME_GPU_RUNTIMES_HPP_
 

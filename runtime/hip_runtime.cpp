@@ -1,6 +1,7 @@
-// hip_runtime.cpp: the `hip` DeviceRuntime (HipRuntime): the shared GPU
-// implementation (gpu_runtime.inc, gpu_graph.inc) over the HIP runtime API,
-// plus what HIP does its own way.
+// hip_runtime.cpp: the `hip` DeviceRuntime, GpuRuntime<HipApi>: the shared GPU
+// implementation (gpu_runtime.hpp, gpu_runtime_impl.hpp, gpu_graph_impl.hpp)
+// over the HIP runtime API (hip_api.hpp), plus what HIP does its own way, as
+// HipApi's backend hooks.
 //
 // Plain C++ compiled by the host compiler with __HIP_PLATFORM_AMD__ (the HIP
 // runtime API header needs no hipcc), linked against libamdhip64. Written
@@ -12,24 +13,28 @@
 // into); they count as unreadable writers.
 #include <hip/hip_runtime_api.h>
 
-#define CAPALLOC_GPU(name) hip##name
-#define CAPALLOC_GPU_PREFIX "hip"
-#define CAPALLOC_GPU_RUNTIME HipRuntime
-#define CAPALLOC_GPU_RUNTIME_NAME "hip"
-#define CAPALLOC_GPU_KIND RuntimeKind::kHip
-#define CAPALLOC_GPU_DISPLAY_NAME "HIP"
-#define CAPALLOC_GPU_FACTORY make_hip_runtime
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
 
-// The class and its first half, then capture and graphs: in this order.
-#include "runtime/gpu_runtime.inc"
-//
-#include "runtime/gpu_graph.inc"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capalloc/runtime.hpp"
+#include "runtime/gpu_graph_impl.hpp"
+#include "runtime/gpu_runtime.hpp"
+#include "runtime/gpu_runtime_impl.hpp"
+#include "runtime/gpu_runtimes.hpp"
+#include "runtime/hip_api.hpp"
 #include "runtime/plugins.hpp"
 
 namespace capalloc::detail {
-namespace {
 
-NativeError query_native_capture(NativeStream stream, bool with_dependencies, NativeCapture& out) {
+// --- HipApi's backend hooks ---------------------------------------------------------
+
+hipError_t HipApi::query_capture(hipStream_t stream, bool with_dependencies,
+                                 NativeCapture<HipApi>& out) {
   const hipGraphNode_t* dependencies = nullptr;
   std::size_t count = 0;
   const hipError_t e = with_dependencies
@@ -43,8 +48,8 @@ NativeError query_native_capture(NativeStream stream, bool with_dependencies, Na
   return e;
 }
 
-NativeError native_edges(NativeGraph graph,
-                         std::vector<std::pair<NativeGraphNode, NativeGraphNode>>& out) {
+hipError_t HipApi::graph_edges(hipGraph_t graph,
+                               std::vector<std::pair<hipGraphNode_t, hipGraphNode_t>>& out) {
   std::size_t count = 0;
   if (const hipError_t e = hipGraphGetEdges(graph, nullptr, nullptr, &count); e != hipSuccess) {
     return e;
@@ -61,31 +66,38 @@ NativeError native_edges(NativeGraph graph,
   return hipSuccess;
 }
 
-NodeKind classify_node(NativeNodeType type) {
+GpuNodeKind HipApi::classify_node(hipGraphNodeType type) {
   switch (type) {
     case hipGraphNodeTypeKernel:
-      return NodeKind::kKernel;
+      return GpuNodeKind::kKernel;
     case hipGraphNodeTypeMemset:
-      return NodeKind::kMemset;
+      return GpuNodeKind::kMemset;
     case hipGraphNodeTypeMemcpy:
-      return NodeKind::kMemcpy;
+      return GpuNodeKind::kMemcpy;
     case hipGraphNodeTypeGraph:
-      return NodeKind::kChildGraph;
+      return GpuNodeKind::kChildGraph;
     case hipGraphNodeTypeMemcpy1D:
     case hipGraphNodeTypeMemcpyFromSymbol:
     case hipGraphNodeTypeMemcpyToSymbol:
-      return NodeKind::kOpaqueWriter;
+      return GpuNodeKind::kOpaqueWriter;
     default:
-      return NodeKind::kNoDeviceWrite;
+      return GpuNodeKind::kNoDeviceWrite;
   }
 }
 
-absl::Status read_kernel_pointer_params(NativeGraphNode, std::vector<std::uintptr_t>&) {
+absl::Status HipApi::read_kernel_pointer_params(hipGraphNode_t, std::vector<std::uintptr_t>&) {
   return absl::UnimplementedError(
       "kernel parameters cannot be inspected: HIP gives no kernel parameter layout");
 }
 
-}  // namespace
+// --- The runtime and its factory ---------------------------------------------------
+
+template class GpuRuntime<HipApi>;
+
+absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_hip_runtime() {
+  return make_gpu_runtime<HipApi>();
+}
+
 }  // namespace capalloc::detail
 
 // The backend plugin's entry point (runtime/plugins.hpp): how libcapalloc
