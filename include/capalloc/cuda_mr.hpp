@@ -55,6 +55,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "capalloc/allocator.hpp"
 
