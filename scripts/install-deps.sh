@@ -19,6 +19,7 @@ REQUIRED_PACKAGES=(
   libfmt-dev
   nlohmann-json3-dev
   libcli11-dev
+  libbenchmark-dev
   catch2
   pkg-config
   python3

@@ -645,6 +645,27 @@ TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch de
   REQUIRE_OK(rt->release(0, seg, seg_bytes));
   REQUIRE_OK(rt->destroy_stream(s));
 }
+
+// tests/gpu_cuda_mr_check.cu: capalloc/cuda_mr.hpp's resource on the device.
+std::string capalloc_test_cuda_mr_round_trip(capalloc::Allocator& allocator, void* a, void* b);
+
+TEST_CASE("gpu cuda_mr (cuda): the cuda::mr resource allocates, round-trips values, frees "
+          "stream-ordered", "[gpu][cuda_mr]") {
+  if (g_runtime != "cuda") {
+    WARN("cuda::mr is CUDA's; the " << g_runtime << " runtime skips this case");
+    return;
+  }
+  auto rt = gpu_runtime();
+  auto allocator = value_of(Allocator::create(rt));
+  const StreamHandle a = value_of(rt->create_stream(0));
+  const StreamHandle b = value_of(rt->create_stream(0));
+  CHECK(capalloc_test_cuda_mr_round_trip(*allocator, reinterpret_cast<void*>(a),
+                                         reinterpret_cast<void*>(b)) == "");
+  REQUIRE_OK(rt->synchronize_stream(b));
+  REQUIRE_OK(allocator->empty_cache());
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
 #endif  // CAPALLOC_TEST_CUDA_KERNELS
 
 // --- Split-K GEMM ------------------------------------------------------------------

@@ -31,6 +31,7 @@
 #include "capalloc/runtime.hpp"
 #include "common/config.hpp"
 #include "gemm/numeric.hpp"
+#include "tools/bench_support.hpp"
 
 namespace {
 
@@ -90,18 +91,51 @@ Cublas load_cublas() {
   return api;
 }
 
+// One shape's buffers, shared by its two benchmarks and the comparison.
+struct Shape {
+  int m = 0, n = 0, k = 0;
+  void* a = nullptr;
+  void* b = nullptr;
+  void* c_capalloc = nullptr;
+  void* c_cublas = nullptr;
+  std::string name() const {
+    return "gemm/" + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  }
+};
+
+// Times `launches` back-to-back calls of `launch` on `stream` per iteration.
+template <typename Launch>
+void batch_benchmark(benchmark::State& state, cudaStream_t stream, int launches, Launch launch,
+                     cudaEvent_t start, cudaEvent_t stop) {
+  launch();  // warm
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  for (auto _ : state) {
+    float ms = 0;
+    check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+    for (int i = 0; i < launches; ++i) launch();
+    check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    state.SetIterationTime(static_cast<double>(ms) / 1e3);
+  }
+  state.counters["launches"] = launches;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int iters = 50;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--iters" && i + 1 < argc) {
-      iters = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: %s [--iters N]\n", argv[0]);
-      return 2;
-    }
-  }
+  int batches = 3;
+  CLI::App app("capalloc_bench_gemm_cuda: capalloc's split-K GEMM against cuBLAS on the cuda "
+               "runtime (needs a GPU; exit 77 when cuBLAS cannot be loaded)",
+               "capalloc_bench_gemm_cuda");
+  app.add_option("--iters", iters, "back-to-back launches per timed batch")
+      ->check(CLI::Range(1, 1'000'000))
+      ->capture_default_str();
+  app.add_option("--batches", batches, "timed batches per benchmark (its iterations)")
+      ->check(CLI::Range(1, 1'000'000))
+      ->capture_default_str();
+  if (int rc = capalloc::bench::parse_arguments(app, argc, argv); rc >= 0) return rc;
   capalloc::set_log_level("error").IgnoreError();
   // The device first: without one this is a failure, whether or not cuBLAS
   // is there; with one and no cuBLAS, the comparison is skipped.
@@ -125,13 +159,12 @@ int main(int argc, char** argv) {
   check_cuda(cudaEventCreate(&start), "cudaEventCreate");
   check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
 
-  std::printf("%4s %5s %5s %14s %12s %8s %12s\n", "M", "N", "K", "capalloc us", "cuBLAS us",
-              "ratio", "max |diff|");
-  bool mismatch = false;
+  std::vector<Shape> shapes;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 0.125f);
   for (int m : {1, 16, 64}) {
     for (auto [n, k] : {std::pair{2048, 2048}, std::pair{3584, 7168}}) {
+      Shape s{.m = m, .n = n, .k = k};
       std::vector<std::uint16_t> ha(static_cast<std::size_t>(m) * k), hb(static_cast<std::size_t>(n) * k);
       for (auto& v : ha) v = capalloc::detail::float_to_bf16(normal(rng));
       for (auto& v : hb) v = capalloc::detail::float_to_bf16(normal(rng));
@@ -142,53 +175,71 @@ int main(int argc, char** argv) {
       if (!da.ok() || !db.ok() || !dc1.ok() || !dc2.ok()) die("allocation failed");
       check_cuda(cudaMemcpy(*da, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
       check_cuda(cudaMemcpy(*db, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
-      capalloc::GemmProblem p{.m = m, .n = n, .k = k, .a = *da, .a_type = capalloc::DType::kBF16,
-                              .b = *db, .b_type = capalloc::DType::kBF16, .c = *dc1,
-                              .c_type = capalloc::DType::kBF16, .split_k = 4};
-      const float alpha = 1.0f, beta = 0.0f;
-      auto run_cublas = [&] {
-        // Row-major C = A B^T is column-major C^T = B A^T.
-        check_cublas(cublas.gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, *db,
-                                  CUDA_R_16BF, k, *da, CUDA_R_16BF, k, &beta, *dc2, CUDA_R_16BF,
-                                  n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                     "cublasGemmEx");
-      };
-      // Warm both, then time each over `iters` launches.
-      check(gemm.run(0, handle, p));
-      run_cublas();
-      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      float ms_capalloc = 0, ms_cublas = 0;
-      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-      for (int i = 0; i < iters; ++i) check(gemm.run(0, handle, p));
-      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      check_cuda(cudaEventElapsedTime(&ms_capalloc, start, stop), "cudaEventElapsedTime");
-      check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
-      for (int i = 0; i < iters; ++i) run_cublas();
-      check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
-      check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-      check_cuda(cudaEventElapsedTime(&ms_cublas, start, stop), "cudaEventElapsedTime");
-      std::vector<std::uint16_t> c1(static_cast<std::size_t>(m) * n), c2(c1.size());
-      check_cuda(cudaMemcpy(c1.data(), *dc1, c1.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      check_cuda(cudaMemcpy(c2.data(), *dc2, c2.size() * 2, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      double max_diff = 0;
-      for (std::size_t i = 0; i < c1.size(); ++i) {
-        max_diff = std::max(max_diff, static_cast<double>(std::fabs(
-                                          capalloc::detail::bf16_to_float(c1[i]) -
-                                          capalloc::detail::bf16_to_float(c2[i]))));
-      }
-      // Both accumulate in fp32 and round to bf16; only summation order
-      // differs. A gap beyond a few bf16 ulps of these magnitudes is a bug.
-      if (max_diff > 0.1) mismatch = true;
-      const double us_capalloc = 1000.0 * ms_capalloc / iters;
-      const double us_cublas = 1000.0 * ms_cublas / iters;
-      std::printf("%4d %5d %5d %14.1f %12.1f %8.2f %12.4g\n", m, n, k, us_capalloc, us_cublas,
-                  us_capalloc / us_cublas, max_diff);
-      for (void* ptr : {*da, *db, *dc1, *dc2}) check(a.deallocate(ptr));
+      s.a = *da;
+      s.b = *db;
+      s.c_capalloc = *dc1;
+      s.c_cublas = *dc2;
+      shapes.push_back(s);
     }
   }
-  std::printf("ratio = capalloc split-K / cuBLAS, time per GEMM over %d launches; lower is better\n",
-              iters);
+  auto run_capalloc = [&](const Shape& s) {
+    capalloc::GemmProblem p{.m = s.m, .n = s.n, .k = s.k, .a = s.a, .a_type = capalloc::DType::kBF16,
+                            .b = s.b, .b_type = capalloc::DType::kBF16, .c = s.c_capalloc,
+                            .c_type = capalloc::DType::kBF16, .split_k = 4};
+    check(gemm.run(0, handle, p));
+  };
+  auto run_cublas = [&](const Shape& s) {
+    const float alpha = 1.0f, beta = 0.0f;
+    // Row-major C = A B^T is column-major C^T = B A^T.
+    check_cublas(cublas.gemm_ex(blas, CUBLAS_OP_T, CUBLAS_OP_N, s.n, s.m, s.k, &alpha, s.b,
+                                CUDA_R_16BF, s.k, s.a, CUDA_R_16BF, s.k, &beta, s.c_cublas,
+                                CUDA_R_16BF, s.n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  };
+  for (const Shape& s : shapes) {
+    benchmark::RegisterBenchmark((s.name() + "/capalloc").c_str(), [&, s](benchmark::State& st) {
+      batch_benchmark(st, stream, iters, [&] { run_capalloc(s); }, start, stop);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
+    benchmark::RegisterBenchmark((s.name() + "/cublas").c_str(), [&, s](benchmark::State& st) {
+      batch_benchmark(st, stream, iters, [&] { run_cublas(s); }, start, stop);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(batches);
+  }
+  capalloc::bench::RunCollector collector;
+  if (int rc = capalloc::bench::run_benchmarks(collector, "capalloc_bench_gemm_cuda"); rc != 0) {
+    return rc;
+  }
+
+  std::printf("\n%4s %5s %5s %14s %12s %8s %12s\n", "M", "N", "K", "capalloc us", "cuBLAS us",
+              "ratio", "max |diff|");
+  bool mismatch = false;
+  for (const Shape& s : shapes) {
+    // Both once more, then compare (whatever the filter ran).
+    run_capalloc(s);
+    run_cublas(s);
+    std::vector<std::uint16_t> c1(static_cast<std::size_t>(s.m) * s.n), c2(c1.size());
+    check_cuda(cudaMemcpyAsync(c1.data(), s.c_capalloc, c1.size() * 2, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaMemcpyAsync(c2.data(), s.c_cublas, c2.size() * 2, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    double max_diff = 0;
+    for (std::size_t i = 0; i < c1.size(); ++i) {
+      max_diff = std::max(max_diff, static_cast<double>(std::fabs(
+                                        capalloc::detail::bf16_to_float(c1[i]) -
+                                        capalloc::detail::bf16_to_float(c2[i]))));
+    }
+    // Both accumulate in fp32 and round to bf16; only summation order
+    // differs. A gap beyond a few bf16 ulps of these magnitudes is a bug.
+    if (max_diff > 0.1) mismatch = true;
+    const double us_capalloc = collector.best_ns_per_iteration(s.name() + "/capalloc") / 1e3 / iters;
+    const double us_cublas = collector.best_ns_per_iteration(s.name() + "/cublas") / 1e3 / iters;
+    std::printf("%4d %5d %5d %14.1f %12.1f %8.2f %12.4g\n", s.m, s.n, s.k, us_capalloc, us_cublas,
+                us_capalloc / us_cublas, max_diff);
+    for (void* ptr : {s.a, s.b, s.c_capalloc, s.c_cublas}) check(a.deallocate(ptr));
+  }
+  std::printf("ratio = capalloc split-K / cuBLAS, time per GEMM, mean of %d batches of %d launches; "
+              "lower is better\n",
+              batches, iters);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cublas.destroy(blas);
