@@ -262,12 +262,13 @@ struct Executor::State {
     if (!cookie_intact(b)) {
       if (auto e = check_cookies()) return e;
     }
+    // Unclaimed first: once deallocate returns, another thread may get the memory.
+    forget(b);
     if (absl::Status s = alloc().deallocate(b.ptr, b.device); !s.ok())
       return fail(absl::StrFormat("deallocate(%p): %s", b.ptr, s.ToString()));
     ++frees[b.device];
     live[index] = std::move(live.back());
     live.pop_back();
-    forget(b);
     return std::nullopt;
   }
 
@@ -394,7 +395,9 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
       auto it = persistent.find({device, key});
       // The allocator refuses persistent requests while a capture is active
       // on the device (the default guard scope; threaded runs use `stream`).
-      const bool refused = capture.active && capture.device == device && !threaded();
+      // A key that already holds enough bytes allocates nothing: no refusal.
+      const bool refused =
+          capture.active && capture.device == device && !threaded() && it == persistent.end();
       if (refused || (it != persistent.end() && it->second.requested < op.size)) {
         return expect_error("preallocate during a capture or growing a key", [&] {
           return world->cache->preallocate(device, name, op.size).status();
@@ -443,10 +446,10 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
           return world->cache->release(device, key_name(key));
         });
       }
+      forget(it->second);
       if (absl::Status s = world->cache->release(device, key_name(key)); !s.ok())
         return fail("release: " + s.ToString());
       ++frees[device];
-      forget(it->second);
       persistent.erase(it);
       return std::nullopt;
     }
