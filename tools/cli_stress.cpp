@@ -35,7 +35,7 @@ std::string to_json(const StressFlags& flags, const stress::StressReport& report
   j.field("threads", flags.threads);
   j.field("ops", report.counters.ops);
   j.field("seconds", report.seconds);
-  j.field("ops_per_second", report.counters.ops / std::max(report.seconds, 1e-9));
+  j.field("ops_per_second", static_cast<double>(report.counters.ops) / std::max(report.seconds, 1e-9));
   j.field("invariant_checks", report.counters.invariant_checks);
   j.field("invalid_calls_checked", report.counters.invalid_calls_checked);
   j.field("ooms", report.counters.ooms);
@@ -57,7 +57,7 @@ void print_summary(const StressFlags& flags, const stress::StressReport& report)
   std::printf("capalloc stress: seed %llu, %d thread(s), %llu operations in %.1f s (%.0f ops/s)\n",
               static_cast<unsigned long long>(flags.seed), flags.threads,
               static_cast<unsigned long long>(c.ops), report.seconds,
-              c.ops / std::max(report.seconds, 1e-9));
+              static_cast<double>(c.ops) / std::max(report.seconds, 1e-9));
   std::printf("  invariant checks %llu, invalid calls checked %llu, out-of-memory results %llu, "
               "graphs %llu, replays %llu, predicted clobbers %llu\n",
               static_cast<unsigned long long>(c.invariant_checks),

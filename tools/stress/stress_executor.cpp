@@ -231,8 +231,15 @@ struct Executor::State {
         // Out of memory is right only when the segment it needs does not fit
         // beside what is still reserved after the cache was released.
         const auto stats = *alloc().stats(device);
-        const std::size_t granularity = alloc().options().round_granularity;
-        const std::size_t need = (bytes + granularity - 1) / granularity * granularity;
+        const AllocatorOptions& o = alloc().options();
+        const std::size_t rounded = (bytes + o.round_granularity - 1) / o.round_granularity *
+                                    o.round_granularity;
+        constexpr std::size_t kHugeRounding = std::size_t{2} << 20;
+        const std::size_t need =
+            rounded <= o.small_request_limit    ? o.small_segment_bytes
+            : rounded <= o.medium_request_limit ? o.large_segment_bytes
+                                                : (rounded + kHugeRounding - 1) / kHugeRounding *
+                                                      kHugeRounding;
         if (static_cast<std::size_t>(stats.reserved_bytes.current) + need <=
             options.memory_limit_per_device) {
           return fail(absl::StrFormat(

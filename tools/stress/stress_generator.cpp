@@ -143,21 +143,21 @@ Op Generator::next() {
     }
   } else if (dice < 880) {
     op.kind = capturing_ ? OpKind::kCaptureWrite : OpKind::kReplay;
-  } else if (dice < 886) {
+  } else if (dice < 892) {
     op.kind = OpKind::kDestroyGraph;
-  } else if (dice < 896) {
+  } else if (dice < 902) {
     op.kind = OpKind::kPreallocate;
     op.variant %= 4;
     op.size = 1 + random() % (std::uint64_t{2} << 20);
-  } else if (dice < 906) {
+  } else if (dice < 912) {
     op.kind = OpKind::kGetPersistent;
     op.variant %= 4;
-  } else if (dice < 912) {
+  } else if (dice < 918) {
     op.kind = OpKind::kReleasePersistent;
     op.variant %= 4;
-  } else if (dice < 917) {
+  } else if (dice < 923) {
     op.kind = OpKind::kEmptyCache;
-  } else if (dice < 920) {
+  } else if (dice < 926) {
     op.kind = OpKind::kOom;
   } else {
     op.kind = OpKind::kInvalid;

@@ -86,7 +86,15 @@ std::string format_reproduction(const ShrinkResult& shrunk) {
   std::string out = absl::StrFormat(
       "shrunk reproduction (%d operations, found in %d runs), failing at operation %d:\n  %s\n",
       shrunk.program.size(), shrunk.runs, shrunk.failure.op_index, shrunk.failure.message);
-  for (std::size_t i = 0; i < shrunk.program.size(); ++i)
+  // A program the shrinker could not make short is the seed's own prefix:
+  // its last operations are printed, the rest is `--ops <n> --seed <s>`.
+  constexpr std::size_t kMaxLines = 400;
+  std::size_t first = 0;
+  if (shrunk.program.size() > kMaxLines) {
+    first = shrunk.program.size() - kMaxLines;
+    out += absl::StrFormat("  (operations 0 to %d left out: too many to print)\n", first - 1);
+  }
+  for (std::size_t i = first; i < shrunk.program.size(); ++i)
     out += absl::StrFormat("  %4d  %s\n", i, describe(shrunk.program[i]));
   return out;
 }
