@@ -22,7 +22,7 @@ struct StressFlags {
   std::size_t ops = 100000;
   std::uint64_t seed = 1;
   int threads = 1;
-  std::size_t memory_limit_mib = 512;
+  std::size_t memory_limit_mib = 192;
   double shrink_seconds = 120;
   bool json = false;
   std::unique_ptr<SettingsFlags> settings;

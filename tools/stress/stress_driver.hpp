@@ -102,7 +102,7 @@ struct Counters {
 struct ExecOptions {
   // Bytes each emulated device can reserve: small, so that out-of-memory
   // and the release-and-retry path happen.
-  std::size_t memory_limit_per_device = std::size_t{512} << 20;
+  std::size_t memory_limit_per_device = std::size_t{192} << 20;
   // A test hook: called before each operation with its index and the number
   // of live blocks; a message makes that operation fail the run as a
   // checker failure would.

@@ -347,6 +347,16 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
       if (capture.active) return std::nullopt;
       const int slot = 1 + op.stream % 2;
       const StreamHandle s = streams[device][slot];
+      if (op.variant % 16 == 1 && !threaded()) {
+        // A fresh shared pool, as a new model gets one: the old one goes once
+        // its graphs and blocks are gone. (A pool someone holds keeps its
+        // cached segments, as PyTorch's do: empty_cache leaves them.)
+        auto fresh = alloc().create_graph_pool(device);
+        if (!fresh.ok()) return fail("create_graph_pool: " + fresh.status().ToString());
+        if (absl::Status st = alloc().release_graph_pool(world->shared_pools[device]); !st.ok())
+          return fail("release_graph_pool: " + st.ToString());
+        world->shared_pools[device] = *fresh;
+      }
       CaptureOptions capture_options;
       capture_options.pool = op.variant % 2 ? world->shared_pools[device] : kDefaultPool;
       capture_options.mode = threaded() ? CaptureMode::kThreadLocal : CaptureMode::kGlobal;

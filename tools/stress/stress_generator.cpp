@@ -50,7 +50,9 @@ std::string describe(const Op& op) {
       return absl::StrFormat("%s device %d stream %d", name, op.device, op.stream);
     case OpKind::kBeginCapture:
       return absl::StrFormat("%s device %d stream %d %s pool", name, op.device, op.stream,
-                             op.variant % 2 ? "shared" : "private");
+                             op.variant % 16 == 1 ? "a fresh shared"
+                             : op.variant % 2     ? "shared"
+                                                  : "private");
     case OpKind::kReplay:
       return absl::StrFormat("%s pick %d stream %d", name, op.pick, op.stream);
     case OpKind::kPreallocate:
