@@ -121,7 +121,7 @@ TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
   SECTION("no command") {
     const Run r = capalloc_cli({});
     CHECK_RUN(r, 2);
-    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario or describe) is required"));
+    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe or stress) is required"));
   }
   SECTION("unknown command") {
     const Run r = capalloc_cli({"frobnicate"});
