@@ -22,6 +22,8 @@
 
 namespace capalloc::stress {
 
+inline constexpr int kDevices = 2;  // emulated devices of the host runtime
+
 struct World {
   static std::shared_ptr<World> create(std::size_t memory_limit, bool threaded);
   ~World();
@@ -40,7 +42,7 @@ struct World {
   std::unique_ptr<Allocator> allocator;
   std::unique_ptr<CaptureTracker> tracker;
   std::unique_ptr<PersistentCache> cache;
-  PoolHandle shared_pools[2] = {};
+  PoolHandle shared_pools[kDevices] = {};
   // Operations hold it shared; check_global holds it alone.
   std::shared_mutex ops_mu;
   std::vector<Executor::State*> executors;
