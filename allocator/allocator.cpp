@@ -170,8 +170,12 @@ AllocatorStats Allocator::Impl::device_stats(int device) const {
     into.current += from.current;
     into.peak += from.peak;  // an upper bound: pools peak at different times
   };
-  for (const auto& [handle, pool] : state.graph_pools) {
-    const AllocatorStats& s = pool->stats();
+  // Destroyed graph pools add their cumulative counters (their current
+  // values are 0: a pool goes only when empty).
+  std::vector<const AllocatorStats*> pools = {&state.retired_pools};
+  for (const auto& [handle, pool] : state.graph_pools) pools.push_back(&pool->stats());
+  for (const AllocatorStats* from : pools) {
+    const AllocatorStats& s = *from;
     add(total.allocated_bytes, s.allocated_bytes);
     add(total.requested_bytes, s.requested_bytes);
     add(total.reserved_bytes, s.reserved_bytes);

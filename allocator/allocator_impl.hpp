@@ -75,6 +75,10 @@ struct DeviceState {
   absl::btree_map<std::uintptr_t, Segment*> segments;  // by base address
   std::vector<EventHandle> spare_events;
   int routes = 0;  // captures routed to a pool on this device
+  // The cumulative counters (allocations, frees, retries, ooms, peaks) of
+  // graph pools already destroyed, so that the device's counters never go
+  // back when a pool goes.
+  AllocatorStats retired_pools;
 };
 
 // What allocate() learned about the requesting stream before taking the lock.

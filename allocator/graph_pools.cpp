@@ -157,6 +157,17 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
   // Memory a live graph's record still names stays, and with it the pool;
   // empty_cache retries once those graphs are gone.
   if (!pool->segments().empty()) return;
+  const AllocatorStats& gone = pool->stats();
+  AllocatorStats& retired = devices[device].retired_pools;
+  retired.allocated_bytes.peak += gone.allocated_bytes.peak;
+  retired.requested_bytes.peak += gone.requested_bytes.peak;
+  retired.reserved_bytes.peak += gone.reserved_bytes.peak;
+  retired.segments.peak += gone.segments.peak;
+  retired.allocated_blocks.peak += gone.allocated_blocks.peak;
+  retired.allocations += gone.allocations;
+  retired.frees += gone.frees;
+  retired.retries += gone.retries;
+  retired.ooms += gone.ooms;
   pool_devices.erase(handle);
   devices[device].graph_pools.erase(handle);
 }

@@ -212,6 +212,32 @@ TEST_CASE("a private graph pool is released once its graph is destroyed and its 
   REQUIRE_OK(w.alloc->CheckInvariants());
 }
 
+// Found by `capalloc stress` (seed 1): the device's cumulative counters lost
+// a destroyed graph pool's allocations and frees, so they went back.
+TEST_CASE("a device's allocation and free counts survive the release of a graph pool",
+          "[capture][pool-lifetime]") {
+  World w;
+  float* b = nullptr;
+  const CaptureResult g = w.capture(kDefaultPool, "private", [&] {
+    b = w.tensor(N, w.side, "B");
+    w.launch(w.side, fill_kernel(b, N, 1.0f));
+  });
+  const PoolHandle pool = w.alloc->block_info(b)->pool;
+  w.free(b);
+  const AllocatorStats before = *w.alloc->stats(0);
+  CHECK(before.allocations >= 1);
+  CHECK(before.frees >= 1);
+  REQUIRE_OK(w.tracker->destroy_graph(g.graph));
+  REQUIRE_FALSE(w.pool_exists(pool));
+  const AllocatorStats after = *w.alloc->stats(0);
+  CHECK(after.allocations == before.allocations);
+  CHECK(after.frees == before.frees);
+  CHECK(after.ooms == before.ooms);
+  CHECK(after.allocated_bytes.peak == before.allocated_bytes.peak);
+  CHECK(after.allocated_bytes.current == before.allocated_bytes.current);
+  REQUIRE_OK(w.alloc->CheckInvariants());
+}
+
 TEST_CASE("an output freed after its capture is not blamed when a later capture reuses its memory",
           "[capture][shared-pool]") {
   // vLLM's pattern: g1's output is read, then freed outside any capture; g2

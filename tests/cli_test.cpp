@@ -108,6 +108,7 @@ TEST_CASE("cli: --help on every command lists its flags and their variables", "[
        {"--json", "--runtime", "--round-granularity", "--capture-guard-scope", "--strict",
         "--log-level", "CAPALLOC_STRICT"}},
       {"describe", {"--runtime", "--round-granularity", "--log-level", "CAPALLOC_RUNTIME"}},
+      {"stress", {"--ops", "--seed", "--threads", "--json", "--log-level"}},
   };
   for (const auto& [command, flags] : commands) {
     INFO(command);
@@ -121,7 +122,12 @@ TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
   SECTION("no command") {
     const Run r = capalloc_cli({});
     CHECK_RUN(r, 2);
-    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario or describe) is required"));
+    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe or stress) is required"));
+  }
+  SECTION("stress with no thread") {
+    const Run r = capalloc_cli({"stress", "--ops", "10", "--threads", "0"});
+    CHECK_RUN(r, 2);
+    CHECK_THAT(r.err, Contains("--threads"));
   }
   SECTION("unknown command") {
     const Run r = capalloc_cli({"frobnicate"});

@@ -6,6 +6,8 @@
 //       seed 003's wrong-GEMM scenario, status quo against capalloc
 //   capalloc describe [settings]
 //       the allocator's self-description, after a small exercise
+//   capalloc stress [--ops N] [--seed S] [--threads T] [--json]
+//       the property driver: random operations, properties checked after each
 //
 // Settings (tools/cli.hpp): --runtime, --round-granularity,
 // --capture-guard-scope, --strict[=0|1|possible], --log-level; each
@@ -87,9 +89,10 @@ int main(int argc, char** argv) {
   add_arms_command(app, run);
   add_gemm_scenario_command(app, run);
   add_describe_command(app, run);
+  add_stress_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario or describe)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe or stress)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;
