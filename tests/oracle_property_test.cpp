@@ -95,8 +95,9 @@ TEST_CASE("random capture programs: every verdict agrees with the replay", "[ora
 }
 
 // Named programs through the same oracle, each through the tracker
-// (declared evidence) and natively (footprint): each must agree with its
-// replays, and show harm where it should.
+// (declared evidence) and natively (inspected: the kernels carry only their
+// parameter buffers, so every access is a touch of unknown mode): each must
+// agree with its replays, and show harm where it should.
 namespace {
 
 Op alloc(int b, std::size_t floats, int s = 0) { return {OpKind::kAlloc, b, 0, floats, s, 0}; }
