@@ -95,15 +95,19 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
     // Releasing segments frees device memory, which synchronizes the device:
     // illegal while a capture is under way (PyTorch skips its cache release
     // then too). With a capture routed on the device, retry as is.
-    if (events_allowed(device) && !runtime_capturing(device, stream)) {
+    const bool released = events_allowed(device) && !runtime_capturing(device, stream);
+    if (released) {
       process_pending();
       release_free_segments(device).IgnoreError();
     }
     base = reserve_relaxed(device, segment_bytes);
     if (!base.ok() && absl::IsResourceExhausted(base.status())) {
-      return out_of_memory(absl::StrCat("the runtime refused a ", detail::bytes(segment_bytes),
-                                        " segment after the cache was released (",
-                                        std::string(base.status().message()), ")"));
+      return out_of_memory(absl::StrCat(
+          "the runtime refused a ", detail::bytes(segment_bytes), " segment ",
+          released ? "after the cache was released"
+                   : "(the cache was kept: a capture is under way on the device, and releasing "
+                     "memory during it is illegal)",
+          " (", std::string(base.status().message()), ")"));
     }
   }
   if (!base.ok()) return base.status();
@@ -228,6 +232,17 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Mem
     impl->devices[d].default_pool =
         std::make_unique<Pool>(d, kDefaultPool, impl->policy, impl->arena);
   }
+  // The watcher only queues (it runs inside the runtime's destroy_stream),
+  // and lets go once the allocator is gone.
+  std::weak_ptr<detail::GoneStreams> weak = impl->gone_streams;
+  impl->runtime->watch_stream_destruction([weak](StreamHandle stream) {
+    auto gone = weak.lock();
+    if (gone == nullptr) return false;
+    std::lock_guard lock(gone->mu);
+    gone->streams.push_back(stream);
+    gone->any.store(true, std::memory_order_release);
+    return true;
+  });
   return std::unique_ptr<Allocator>(new Allocator(std::move(impl)));
 }
 
@@ -267,6 +282,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   }
 
   std::lock_guard lock(m.mu);
+  if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
   if (options.lifetime == Lifetime::kPersistent) {
     if (absl::Status s = m.refuse_persistent(device, stream, bytes, options.tag, ctx); !s.ok()) {
       return s;
@@ -284,6 +300,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   }
   block->lifetime = options.lifetime;
   block->tag_id = detail::intern_id(options.tag);
+  block->owner_id = options.owner.empty() ? 0 : detail::intern_id(options.owner);
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
@@ -295,10 +312,20 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {
-  Impl& m = *impl_;
+  return impl_->deallocate(ptr, device, std::nullopt);
+}
+
+absl::Status Allocator::deallocate_owned(void* ptr, std::string_view owner) {
+  return impl_->deallocate(ptr, kAnyDevice, owner);
+}
+
+absl::Status Allocator::Impl::deallocate(void* ptr, int device,
+                                         std::optional<std::string_view> as_owner) {
+  Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
   std::lock_guard lock(m.mu);
   m.apply_gone_graphs();
+  m.apply_gone_streams();
   auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == m.live.end()) return m.diagnose_unknown(ptr, "deallocate");
   Block* block = it->second;
@@ -306,6 +333,18 @@ absl::Status Allocator::deallocate(void* ptr, int device) {
   if (device != kAnyDevice && device != owner) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
+  }
+  const std::string_view block_owner = detail::interned(block->owner_id);
+  if (!as_owner.has_value() && block->owner_id != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "deallocate(%p): the block has an owner and a plain free would leave the owner handing "
+        "out a freed address; release it with %s",
+        ptr, std::string(block_owner)));
+  }
+  if (as_owner.has_value() && *as_owner != block_owner) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "deallocate_owned(%p): the block's owner is '%s', not '%s'", ptr,
+        std::string(block_owner), std::string(*as_owner)));
   }
   // The listener hears of the frees that matter to a tracker: every free of a
   // block allocated during a capture, whenever it happens (the tracker keeps
@@ -340,11 +379,7 @@ absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   }
   // Validate the stream now: an unusable stream discovered at free time would
   // leave the block impossible to free.
-  if (auto info = m.runtime->capture_info(stream); !info.ok()) {
-    return absl::Status(info.status().code(),
-                        absl::StrFormat("record_stream(%p, 0x%x): %s", ptr, stream,
-                                        std::string(info.status().message())));
-  }
+  if (absl::Status s = m.check_stream(stream, "record_stream"); !s.ok()) return s;
   block->used_on.push_back(stream);
   return absl::OkStatus();
 }
@@ -355,6 +390,7 @@ absl::Status Allocator::empty_cache(int device) {
   if (device != kAnyDevice) {
     if (absl::Status s = m.check_device(device); !s.ok()) return s;
   }
+  m.apply_gone_streams();
   m.process_pending();
   m.apply_gone_graphs();
   absl::Status result;

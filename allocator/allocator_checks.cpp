@@ -45,6 +45,13 @@ absl::Status Allocator::Impl::diagnose_unknown(const void* ptr, std::string_view
         name, ptr, addr - b->addr, detail::state_name(b->state), b->ptr(), b->size,
         b->segment->device));
   }
+  if (b->state == BlockState::kFree && !b->handed_out) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s(%p): capalloc did not hand out this pointer: it is the start of %d bytes of free "
+        "memory in a segment of device %d (a remainder of a split, or a freed block merged with "
+        "it), not an address allocate() returned",
+        name, ptr, b->size, b->segment->device));
+  }
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s(%p): block is already %s (double free or use after free; size %d, device %d)", name,
       ptr, b->state == BlockState::kFree ? "free" : "freed and waiting on stream events", b->size,
@@ -123,7 +130,7 @@ absl::Status Allocator::CheckInvariants() const {
                                                 std::string(s.message())));
       }
       pool_segments += pool->segments().size();
-      if (pool->is_graph_pool() && pool->refs <= 0 && pool->blocks_in_use() == 0) {
+      if (pool->is_graph_pool() && !pool->referenced() && pool->blocks_in_use() == 0) {
         return absl::InternalError(absl::StrFormat(
             "device %d: graph pool %d has no reference and no block yet was not destroyed", d,
             pool->handle()));
@@ -171,7 +178,7 @@ absl::Status Allocator::CheckInvariants() const {
     }
   }
   for (const auto& [id, route] : m.routes) {
-    if (route.pool == nullptr || route.pool->refs <= 0) {
+    if (route.pool == nullptr || route.pool->route_refs <= 0) {
       return absl::InternalError(
           absl::StrFormat("capture %d routes to a pool without a reference", id));
     }
@@ -192,7 +199,8 @@ std::string Allocator::describe() const {
     absl::StrAppend(&out, "device ", d, ": ",
                     detail::describe_stats(m.device_stats(static_cast<int>(d))), "\n");
     for (const auto& [handle, pool] : m.devices[d].graph_pools) {
-      absl::StrAppend(&out, "  graph pool ", handle, " (", pool->refs, " refs): ",
+      absl::StrAppend(&out, "  graph pool ", handle, " (", pool->handle_refs, " handle, ",
+                      pool->route_refs, " route and ", pool->graph_holds.size(), " graph refs): ",
                       detail::describe_stats(pool->stats()), "\n");
     }
   }

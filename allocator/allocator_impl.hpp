@@ -22,13 +22,16 @@
 #ifndef CAPALLOC_ALLOCATOR_ALLOCATOR_IMPL_HPP_
 #define CAPALLOC_ALLOCATOR_ALLOCATOR_IMPL_HPP_
 
+#include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "allocator/block.hpp"
 #include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
@@ -66,6 +69,15 @@ struct WatchedGraph {
 struct GoneGraphs {
   std::mutex mu;
   std::vector<CaptureId> captures;
+  std::atomic<bool> any{false};
+};
+
+// Streams the runtime reported destroyed (MemoryRuntime::
+// watch_stream_destruction), from any thread; applied under
+// Allocator::Impl::mu.
+struct GoneStreams {
+  std::mutex mu;
+  std::vector<StreamHandle> streams;
   std::atomic<bool> any{false};
 };
 
@@ -117,6 +129,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // on `stream`) is gone; returns whether it will.
   bool watch_graph(CaptureId capture, StreamHandle stream, PoolHandle pool, bool holds_pool_ref);
   std::shared_ptr<detail::GoneGraphs> gone_graphs = std::make_shared<detail::GoneGraphs>();
+  // Streams seen valid (checked the first time each is used, then
+  // remembered until the runtime reports it destroyed), the last one used,
+  // and the runtime's reports of destroyed streams.
+  absl::flat_hash_set<StreamHandle> known_streams;
+  StreamHandle last_known_stream = kDefaultStream;
+  std::shared_ptr<detail::GoneStreams> gone_streams = std::make_shared<detail::GoneStreams>();
   bool unwatchable_logged = false;
 
   ~Impl();
@@ -132,6 +150,14 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::Status refuse_persistent(int device, StreamHandle stream, std::size_t bytes,
                                  std::string_view tag, const detail::CaptureContext& ctx);
   absl::Status free_block(detail::Block* block);
+  // OK when `stream` is a stream of the runtime (checked the first time, then
+  // remembered); else kInvalidArgument naming `call`. Requires mu.
+  absl::Status check_stream(StreamHandle stream, std::string_view call);
+  // Forgets the streams the runtime reported destroyed: their record_stream
+  // uses (their work has run) and their fully free segments. Requires mu.
+  void apply_gone_streams();
+  // deallocate() and deallocate_owned() (with the owner's name).
+  absl::Status deallocate(void* ptr, int device, std::optional<std::string_view> as_owner);
   absl::StatusOr<EventHandle> acquire_event(int device);
   absl::Status record_free_events(detail::Block* block);
   void process_pending();
@@ -142,6 +168,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
 
   // graph_pools.cpp
   absl::StatusOr<detail::Pool*> find_graph_pool(PoolHandle handle) const;
+  // The pool, if the caller still holds a handle to it (else an error that
+  // names `call`): a pool whose handles are all released takes no new user.
+  absl::StatusOr<detail::Pool*> find_handle_pool(PoolHandle handle, std::string_view call) const;
   detail::Pool* route_for(int device, CaptureId capture, StreamHandle stream);
   // The id of an active capture on `device` other than through `stream`'s
   // own, or 0; ends routes of discovered captures that are over.
@@ -153,7 +182,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // Returns fully free segments of the pools that may give memory back (the
   // default pool, graph pools without references).
   absl::Status release_free_segments(int device);
-  absl::Status release_segments(int device, detail::Pool& pool);
+  // With `only_stream`, just the segments that stream owns.
+  absl::Status release_segments(int device, detail::Pool& pool,
+                                std::optional<StreamHandle> only_stream = std::nullopt);
   bool events_allowed(int device) const { return devices[device].routes == 0; }
 
   // allocator_checks.cpp

@@ -40,7 +40,12 @@ struct Block {
   BlockState state = BlockState::kFree;
   Lifetime lifetime = Lifetime::kTransient;
   bool in_free_index = false;
+  // allocate() returned this block's address since the address last became
+  // a block start (split or merge), so a free of it now is a double free;
+  // false for a remainder nobody was given.
+  bool handed_out = false;
   std::uint32_t tag_id = 0;
+  std::uint32_t owner_id = 0;  // interned AllocOptions::owner; 0: none
   std::uint32_t pending_events = 0;  // events still to complete (kPendingFree)
   std::uint64_t sequence = 0;        // allocation sequence number
   CaptureId capture = 0;             // capture the block was allocated in

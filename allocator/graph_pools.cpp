@@ -8,6 +8,7 @@
 // (where anything could land) would spread the graph's writes further.
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
 #include "common/log.hpp"
@@ -46,7 +47,8 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
   const PoolHandle handle = next_pool++;
   auto pool = std::make_unique<Pool>(device, handle, policy, arena);
   Pool* raw = pool.get();
-  raw->refs = 2;  // the route's, and the unknown graph's
+  raw->route_refs = 1;
+  raw->graph_holds.insert(capture);  // the unknown graph's, until it is gone
   devices[device].graph_pools.emplace(handle, std::move(pool));
   pool_devices.emplace(handle, device);
   routes.emplace(capture,
@@ -103,8 +105,7 @@ void Allocator::Impl::apply_gone_graphs() {
       drop_route(capture);
     }
     if (auto pool = find_graph_pool(watched.pool);
-        watched.holds_pool_ref && pool.ok() && (*pool)->refs > 0) {
-      --(*pool)->refs;
+        watched.holds_pool_ref && pool.ok() && (*pool)->graph_holds.erase(capture) == 1) {
       maybe_destroy_pool(*pool);
     }
     if (listener != nullptr) listener->on_capture_graph_gone(capture);
@@ -143,12 +144,12 @@ void Allocator::Impl::drop_route(CaptureId capture) {
   Pool* pool = it->second.pool;
   --devices[it->second.device].routes;
   routes.erase(it);
-  --pool->refs;
+  --pool->route_refs;
   maybe_destroy_pool(pool);
 }
 
 void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
-  if (!pool->is_graph_pool() || pool->refs > 0 || pool->blocks_in_use() > 0) return;
+  if (!pool->is_graph_pool() || pool->referenced() || pool->blocks_in_use() > 0) return;
   const int device = pool->device();
   const PoolHandle handle = pool->handle();
   if (absl::Status s = release_segments(device, *pool); !s.ok()) {
@@ -172,11 +173,13 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
   devices[device].graph_pools.erase(handle);
 }
 
-absl::Status Allocator::Impl::release_segments(int device, Pool& pool) {
+absl::Status Allocator::Impl::release_segments(int device, Pool& pool,
+                                               std::optional<StreamHandle> only_stream) {
   std::vector<detail::SegmentRange> ranges;
   // A segment that a live graph's record reads or writes stays mapped until
   // that graph is destroyed: a replay would touch unmapped memory.
   pool.take_free_segments(ranges, [&](const detail::SegmentRange& r) {
+    if (only_stream.has_value() && r.stream != *only_stream) return true;
     return listener != nullptr && listener->graph_uses(device, MemorySpan{r.base, r.bytes});
   });
   absl::Status first_error;
@@ -206,7 +209,7 @@ absl::Status Allocator::Impl::release_free_segments(int device) {
   absl::Status result = release_segments(device, *state.default_pool);
   std::vector<Pool*> unreferenced;
   for (auto& [handle, pool] : state.graph_pools) {
-    if (pool->refs == 0) unreferenced.push_back(pool.get());
+    if (!pool->referenced()) unreferenced.push_back(pool.get());
   }
   for (Pool* pool : unreferenced) {
     result.Update(release_segments(device, *pool));
@@ -223,31 +226,68 @@ absl::StatusOr<PoolHandle> Allocator::create_graph_pool(int device) {
   std::lock_guard lock(m.mu);
   const PoolHandle handle = m.next_pool++;
   auto pool = std::make_unique<Pool>(device, handle, m.policy, m.arena);
-  pool->refs = 1;
+  pool->handle_refs = 1;
   m.devices[device].graph_pools.emplace(handle, std::move(pool));
   m.pool_devices.emplace(handle, device);
   return handle;
 }
 
+absl::StatusOr<Pool*> Allocator::Impl::find_handle_pool(PoolHandle handle,
+                                                         std::string_view call) const {
+  auto pool = find_graph_pool(handle);
+  if (!pool.ok()) return absl::NotFoundError(absl::StrCat(std::string(call), ": ", std::string(pool.status().message())));
+  if ((*pool)->handle_refs == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: every handle to graph pool %d was released (release_graph_pool); the pool lives on "
+        "only for the captures and graphs that still use it, which hold references of their "
+        "own. Create a new pool",
+        call, handle));
+  }
+  return *pool;
+}
+
 absl::Status Allocator::retain_graph_pool(PoolHandle handle) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
-  auto pool = m.find_graph_pool(handle);
+  auto pool = m.find_handle_pool(handle, "retain_graph_pool");
   if (!pool.ok()) return pool.status();
-  ++(*pool)->refs;
+  ++(*pool)->handle_refs;
   return absl::OkStatus();
 }
 
 absl::Status Allocator::release_graph_pool(PoolHandle handle) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
+  auto pool = m.find_handle_pool(handle, "release_graph_pool");
+  if (!pool.ok()) return pool.status();
+  --(*pool)->handle_refs;
+  m.maybe_destroy_pool(*pool);
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::hold_graph_pool(PoolHandle handle, CaptureId capture) {
+  Impl& m = *impl_;
+  if (capture == 0) return absl::InvalidArgumentError("hold_graph_pool: capture id 0");
+  std::lock_guard lock(m.mu);
+  auto pool = m.find_handle_pool(handle, "hold_graph_pool");
+  if (!pool.ok()) return pool.status();
+  if (!(*pool)->graph_holds.insert(capture).second) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "hold_graph_pool: the graph of capture %d already holds graph pool %d", capture, handle));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Allocator::drop_graph_pool_hold(PoolHandle handle, CaptureId capture) {
+  Impl& m = *impl_;
+  std::lock_guard lock(m.mu);
   auto pool = m.find_graph_pool(handle);
   if (!pool.ok()) return pool.status();
-  if ((*pool)->refs == 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "release_graph_pool(%d): the pool holds no reference to release", handle));
+  if ((*pool)->graph_holds.erase(capture) == 0) {
+    return absl::NotFoundError(absl::StrFormat(
+        "drop_graph_pool_hold: the graph of capture %d holds no reference on graph pool %d",
+        capture, handle));
   }
-  --(*pool)->refs;
   m.maybe_destroy_pool(*pool);
   return absl::OkStatus();
 }
@@ -257,7 +297,7 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
   if (absl::Status s = m.check_device(device); !s.ok()) return s;
   if (capture == 0) return absl::InvalidArgumentError("begin_allocate_to_pool: capture id 0");
   std::lock_guard lock(m.mu);
-  auto pool = m.find_graph_pool(handle);
+  auto pool = m.find_handle_pool(handle, "begin_allocate_to_pool");
   if (!pool.ok()) return pool.status();
   if ((*pool)->device() != device) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -268,7 +308,7 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
     return absl::AlreadyExistsError(absl::StrFormat(
         "begin_allocate_to_pool: capture %d already allocates to a pool", capture));
   }
-  ++(*pool)->refs;
+  ++(*pool)->route_refs;
   m.routes.emplace(capture, detail::CaptureRoute{device, *pool, kDefaultStream, true});
   ++m.devices[device].routes;
   return absl::OkStatus();

@@ -92,7 +92,13 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   const int device = block->segment->device;
   if (block->used_on.empty()) {
     live.erase(block->addr);
+    detail::Segment* segment = block->segment;
     pool.give_back(block);
+    // The last block of a destroyed stream's segment: nothing can reuse it.
+    if (segment->fully_free() && segment->stream != kDefaultStream &&
+        !known_streams.contains(segment->stream) && events_allowed(device)) {
+      release_segments(device, pool, segment->stream).IgnoreError();
+    }
     maybe_destroy_pool(&pool);
     return absl::OkStatus();
   }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 
 namespace capalloc {
@@ -23,8 +24,24 @@ PersistentCache::PersistentCache(Allocator& allocator) : impl_(std::make_unique<
   impl_->allocator = &allocator;
 }
 
+namespace {
+
+// The owner recorded on each buffer: the call that releases it, so that a
+// plain free of the buffer is refused with the way to release it.
+std::string owner_of(int device, std::string_view key) {
+  const std::string k = absl::CHexEscape(absl::string_view(key.data(), key.size()));
+  return absl::StrFormat(
+      "PersistentCache::release(%d, \"%s\") (C: capalloc_release_persistent(%d, \"%s\"); "
+      "Python: capalloc.release_persistent(%d, \"%s\"))",
+      device, k, device, k, device, k);
+}
+
+}  // namespace
+
 PersistentCache::~PersistentCache() {
-  for (auto& [key, entry] : impl_->entries) impl_->allocator->deallocate(entry.ptr).IgnoreError();
+  for (auto& [key, entry] : impl_->entries) {
+    impl_->allocator->deallocate_owned(entry.ptr, owner_of(entry.device, entry.key)).IgnoreError();
+  }
 }
 
 absl::StatusOr<void*> PersistentCache::preallocate(int device, std::string_view key,
@@ -44,8 +61,9 @@ absl::StatusOr<void*> PersistentCache::preallocate(int device, std::string_view 
         "release the key once no graph uses it.",
         device, std::string(key), bytes, it->second.bytes));
   }
-  auto p = impl_->allocator->allocate(bytes, device, kDefaultStream,
-                                      {.lifetime = Lifetime::kPersistent, .tag = key});
+  const std::string owner = owner_of(device, key);
+  auto p = impl_->allocator->allocate(
+      bytes, device, kDefaultStream, {.lifetime = Lifetime::kPersistent, .tag = key, .owner = owner});
   if (!p.ok()) return p.status();
   impl_->entries.emplace(std::make_pair(device, std::string(key)),
                          Entry{device, std::string(key), *p, bytes});
@@ -71,7 +89,10 @@ absl::Status PersistentCache::release(int device, std::string_view key) {
     return absl::NotFoundError(absl::StrFormat("release: no persistent buffer \"%s\" on device %d",
                                                std::string(key), device));
   }
-  if (absl::Status s = impl_->allocator->deallocate(it->second.ptr); !s.ok()) return s;
+  if (absl::Status s = impl_->allocator->deallocate_owned(it->second.ptr, owner_of(device, key));
+      !s.ok()) {
+    return s;
+  }
   impl_->entries.erase(it);
   return absl::OkStatus();
 }

@@ -91,6 +91,7 @@ void Pool::split(Block* block, std::size_t rounded) {
 
 void Pool::account_allocated(Block* block, std::size_t requested) {
   block->state = BlockState::kAllocated;
+  block->handed_out = true;
   block->requested = requested;
   bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
   bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));
@@ -156,6 +157,7 @@ void Pool::give_back(Block* block) {
   block->used_on.clear();
   block->lifetime = Lifetime::kTransient;
   block->tag_id = 0;
+  block->owner_id = 0;
   block->capture = 0;
   block->capture_position = 0;
   FreeIndex& index = index_for(*block->segment);
@@ -188,7 +190,7 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
   for (auto it = segments_.begin(); it != segments_.end(); ++it) {
     Segment& segment = **it;
     if (!segment.fully_free() ||
-        keep_segment({reinterpret_cast<void*>(segment.base), segment.size})) {
+        keep_segment({reinterpret_cast<void*>(segment.base), segment.size, segment.stream})) {
       if (keep != it) *keep = std::move(*it);
       ++keep;
       continue;
@@ -200,10 +202,26 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     arena_.recycle(block);
     bump(stats_.reserved_bytes, -static_cast<std::int64_t>(segment.size));
     bump(stats_.segments, -1);
-    out.push_back({reinterpret_cast<void*>(segment.base), segment.size});
+    out.push_back({reinterpret_cast<void*>(segment.base), segment.size, segment.stream});
     it->reset();
   }
-  segments_.erase(keep, segments_.end());
+  if (keep != segments_.end()) {
+    segments_.erase(keep, segments_.end());
+    drop_unused_indexes();
+  }
+}
+
+void Pool::drop_unused_indexes() {
+  absl::flat_hash_set<const FreeIndex*> used;
+  for (const auto& segment : segments_) used.insert(segment->index);
+  for (auto it = indexes_.begin(); it != indexes_.end();) {
+    if (used.contains(it->second.get())) {
+      ++it;
+      continue;
+    }
+    if (last_index_ == it->second.get()) last_index_ = nullptr;
+    indexes_.erase(it++);
+  }
 }
 
 absl::Status Pool::check_invariants() const {

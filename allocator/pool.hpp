@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "allocator/block.hpp"
 #include "allocator/free_index.hpp"
@@ -52,6 +53,7 @@ struct SizePolicy {
 struct SegmentRange {
   void* base = nullptr;
   std::size_t bytes = 0;
+  StreamHandle stream = kDefaultStream;  // the stream owning the segment
 };
 
 class Pool {
@@ -72,8 +74,17 @@ class Pool {
     return stats_.allocated_blocks.current + stats_.pending_free_blocks;
   }
 
-  // References on a graph pool: the creator's handle, capture routes, graphs.
-  int refs = 0;
+  // Who keeps a graph pool alive, each owner counted apart so that no owner
+  // can give up a reference another holds:
+  //  - handle_refs: the caller's handles (create_graph_pool, retain_graph_pool;
+  //    given up by release_graph_pool);
+  //  - route_refs: capture routes allocating into the pool;
+  //  - graph_holds: graphs that may replay into the pool, by capture id (a
+  //    tracker's hold_graph_pool, or a discovered capture's unknown graph).
+  int handle_refs = 0;
+  int route_refs = 0;
+  absl::flat_hash_set<CaptureId> graph_holds;
+  bool referenced() const { return handle_refs > 0 || route_refs > 0 || !graph_holds.empty(); }
 
   // Serves `rounded` bytes on `stream` from a cached free block, splitting
   // off the remainder; nullptr when no cached block fits. The block comes
@@ -87,10 +98,9 @@ class Pool {
   // An allocated block becomes pending-free (out of the allocated counters).
   void mark_pending(Block* block);
 
-  // Unlinks and destroys every fully free segment, appending its range to
-  // `out` for the caller to return to the runtime.
   // Removes the fully free segments for which `keep` is false and appends
-  // their ranges to `out`, for the caller to release.
+  // their ranges to `out`, for the caller to release. Free indexes that no
+  // segment files into any more go too (a destroyed stream's, for one).
   void take_free_segments(std::vector<SegmentRange>& out,
                           const std::function<bool(const SegmentRange&)>& keep);
 
@@ -119,6 +129,7 @@ class Pool {
   void split(Block* block, std::size_t rounded);
   void account_allocated(Block* block, std::size_t requested);
   void file_free(Block* block);
+  void drop_unused_indexes();
 
   int device_;
   PoolHandle handle_;

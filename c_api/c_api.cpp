@@ -159,8 +159,19 @@ capalloc_status capalloc_stream_destroy(void* stream) {
 }
 
 capalloc_status capalloc_stream_synchronize(void* stream) {
-  return with_allocator(
-      [&](capalloc::Allocator& a) { return a.runtime().synchronize_stream(as_stream(stream)); });
+  return with_allocator([&](capalloc::Allocator& a) -> absl::Status {
+    // Synchronizing a capturing stream would invalidate its capture (as
+    // cudaStreamSynchronize does): refuse instead, leaving the capture intact.
+    auto info = a.runtime().capture_info(as_stream(stream));
+    if (!info.ok()) return info.status();
+    if (info->status == capalloc::CaptureStatus::kActive) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "capalloc_stream_synchronize(%p): the stream is capturing (capture %d), and "
+          "synchronizing it would invalidate the capture; end the capture first",
+          stream, info->id));
+    }
+    return a.runtime().synchronize_stream(as_stream(stream));
+  });
 }
 
 capalloc_status capalloc_malloc_tagged(void** out, size_t size, int device, void* stream,
@@ -283,6 +294,13 @@ capalloc_status capalloc_get(int device, const char* key, void** out) {
     if (!p.ok()) return p.status();
     *out = *p;
     return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_release_persistent(int device, const char* key) {
+  if (key == nullptr) return null_argument("capalloc_release_persistent", "key");
+  return with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+    return g.cache->release(device, key);
   });
 }
 

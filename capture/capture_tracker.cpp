@@ -56,7 +56,10 @@ CaptureTracker::~CaptureTracker() {
   std::lock_guard lock(impl_->mu);
   for (auto& [graph, record] : impl_->records) {
     impl_->runtime->destroy_graph(graph).IgnoreError();
-    impl_->allocator->release_graph_pool(record->record.pool).IgnoreError();
+    if ((graph & detail::kDiscoveredGraph) == 0) {
+      impl_->allocator->drop_graph_pool_hold(record->record.pool, record->record.capture)
+          .IgnoreError();
+    }
   }
 }
 
@@ -77,7 +80,9 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
   Impl& m = *impl_;
   Allocator& a = *m.allocator;
   std::lock_guard lock(m.mu);
-  // The graph's reference on its pool, held until destroy_graph.
+  // A handle on the pool for the duration of this call (the caller's pool
+  // must still have a handle: a released pool takes no new capture); the
+  // graph then takes a reference of its own, held until destroy_graph.
   PoolHandle pool = options.pool;
   if (pool == kDefaultPool) {
     auto created = a.create_graph_pool(device);
@@ -93,10 +98,15 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
     a.release_graph_pool(pool).IgnoreError();
     return id.status();
   }
-  if (absl::Status s = a.begin_allocate_to_pool(device, *id, pool); !s.ok()) {
+  absl::Status routed = a.hold_graph_pool(pool, *id);
+  if (routed.ok()) {
+    routed = a.begin_allocate_to_pool(device, *id, pool);
+    if (!routed.ok()) a.drop_graph_pool_hold(pool, *id).IgnoreError();
+  }
+  a.release_graph_pool(pool).IgnoreError();
+  if (!routed.ok()) {
     if (auto g = m.runtime->end_capture(stream); g.ok()) m.runtime->destroy_graph(*g).IgnoreError();
-    a.release_graph_pool(pool).IgnoreError();
-    return s;
+    return routed;
   }
   m.active[stream] = detail::ActiveCapture{*id, device, stream, pool, options.label, begin_tick};
   return *id;
@@ -126,7 +136,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   m.drain_log();
   if (!graph.ok()) {
     m.allocated_in.erase(capture.id);
-    a.release_graph_pool(capture.pool).IgnoreError();
+    a.drop_graph_pool_hold(capture.pool, capture.id).IgnoreError();
     return graph.status();
   }
 
@@ -199,7 +209,8 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
       !s.ok() && s.code() != absl::StatusCode::kNotFound) {
     return s;
   }
-  return m.allocator->release_graph_pool(m.drop_record(graph));
+  const CaptureId capture = it->second->record.capture;
+  return m.allocator->drop_graph_pool_hold(m.drop_record(graph), capture);
 }
 
 absl::Status CaptureTracker::waive(GraphHandle graph, const void* victim, std::string_view tag,

@@ -82,7 +82,7 @@ void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
   for (const auto& [graph, record] : records) {
     if (record->record.capture == capture && (graph & detail::kDiscoveredGraph) == 0) {
       const GraphHandle gone = graph;
-      allocator->release_graph_pool(drop_record(gone)).IgnoreError();
+      allocator->drop_graph_pool_hold(drop_record(gone), capture).IgnoreError();
       return;
     }
   }

@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/runtime.hpp"
 #include "runtime/gpu_api.hpp"
+#include "runtime/stream_watchers.hpp"
 
 namespace capalloc::detail {
 
@@ -63,6 +64,9 @@ class GpuRuntime final : public DeviceRuntime {
 
   absl::StatusOr<StreamHandle> create_stream(int device) override;
   absl::Status destroy_stream(StreamHandle stream) override;
+  void watch_stream_destruction(std::function<bool(StreamHandle)> on_destroyed) override {
+    stream_watchers_.add(std::move(on_destroyed));
+  }
   absl::Status synchronize_stream(StreamHandle stream) override;
 
   absl::StatusOr<EventHandle> create_event(int device) override;
@@ -127,6 +131,7 @@ class GpuRuntime final : public DeviceRuntime {
                             std::size_t position, const KernelLaunch& kernel);
 
   const int device_count_;
+  StreamWatchers stream_watchers_;
   mutable std::mutex mu_;
   // Captures that had kernels launched through this runtime and have not
   // been ended through end_capture, by capture id.

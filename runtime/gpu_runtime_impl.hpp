@@ -145,6 +145,7 @@ absl::Status GpuRuntime<Api>::destroy_stream(StreamHandle stream) {
     return gpu::native_error<Api>(
         e, absl::StrFormat("%sStreamDestroy(stream 0x%x)", Api::kName, stream));
   }
+  stream_watchers_.destroyed(stream);
   return absl::OkStatus();
 }
 

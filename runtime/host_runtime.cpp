@@ -260,6 +260,7 @@ absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
     }
     // Outside mu_: the stream's work may wait on other streams' events.
     state->worker.stop();
+    stream_watchers_.destroyed(stream);
     return absl::OkStatus();
   });
 }

@@ -41,6 +41,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "common/guarded.hpp"
+#include "runtime/stream_watchers.hpp"
 #include "runtime/stream_worker.hpp"
 #include "capalloc/runtime.hpp"
 
@@ -167,6 +168,9 @@ class HostRuntime final : public DeviceRuntime {
 
   absl::StatusOr<StreamHandle> create_stream(int device) override;
   absl::Status destroy_stream(StreamHandle stream) override;
+  void watch_stream_destruction(std::function<bool(StreamHandle)> on_destroyed) override {
+    stream_watchers_.add(std::move(on_destroyed));
+  }
   absl::Status synchronize_stream(StreamHandle stream) override;
 
   absl::StatusOr<EventHandle> create_event(int device) override;
@@ -239,6 +243,7 @@ class HostRuntime final : public DeviceRuntime {
   // without mu_ on the allocator's hot path.
   std::unique_ptr<std::atomic<int>[]> active_captures_;
   StreamHandle next_stream_ = 1;
+  StreamWatchers stream_watchers_;
   EventHandle next_event_ = 1;
   GraphHandle next_graph_ = 1;
 };

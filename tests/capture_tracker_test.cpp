@@ -331,6 +331,9 @@ class NoGraphWritesRuntime final : public DeviceRuntime {
   }
   absl::StatusOr<StreamHandle> create_stream(int d) override { return in_->create_stream(d); }
   absl::Status destroy_stream(StreamHandle s) override { return in_->destroy_stream(s); }
+  void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
+    in_->watch_stream_destruction(std::move(f));
+  }
   absl::Status synchronize_stream(StreamHandle s) override { return in_->synchronize_stream(s); }
   absl::StatusOr<EventHandle> create_event(int d) override { return in_->create_event(d); }
   absl::Status destroy_event(EventHandle e) override { return in_->destroy_event(e); }

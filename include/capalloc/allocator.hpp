@@ -79,6 +79,11 @@ struct AllocOptions {
   // A short label shown in stats, snapshots and findings ("kv_cache",
   // "splitk.workspace"). Interned; empty costs nothing.
   std::string_view tag = {};
+  // Who must free the block, as the call that does it (PersistentCache sets
+  // "PersistentCache::release(0, \"ws\")"); empty: whoever holds the
+  // pointer. deallocate() refuses an owned block with kFailedPrecondition,
+  // naming this call; only deallocate_owned() with the same owner frees it.
+  std::string_view owner = {};
 };
 
 // A current value and its high-water mark.
@@ -194,8 +199,14 @@ class CAPALLOC_API Allocator {
   // be the block's device. Errors: kNotFound for a pointer capalloc never
   // returned, kFailedPrecondition for a double free, kInvalidArgument for a
   // pointer into the middle of a block or the wrong device.
+  // kFailedPrecondition, changing nothing, for a block with an owner
+  // (AllocOptions::owner): the message names the call that releases it.
   static constexpr int kAnyDevice = -1;
   absl::Status deallocate(void* ptr, int device = kAnyDevice);
+  // Frees a block allocated with AllocOptions::owner == `owner`: the owner's
+  // own release path. kPermissionDenied, changing nothing, when the block has
+  // another owner or none.
+  absl::Status deallocate_owned(void* ptr, std::string_view owner);
 
   // Notes that the block is used on `stream` too: when freed, it becomes
   // reusable only after the work enqueued on `stream` up to the free has run.
@@ -207,16 +218,35 @@ class CAPALLOC_API Allocator {
   absl::Status empty_cache(int device = kAnyDevice);
 
   // --- Graph pools and capture routing ---------------------------------------
-  // Creates an empty graph pool on `device`, holding one reference for the
-  // caller.
+  // A graph pool's references have owners, counted apart: the caller's
+  // handles, each capture route into the pool, and each graph that may
+  // replay into it. Nobody can give up a reference someone else owns: a
+  // release beyond the handles the caller holds is an error that changes
+  // nothing, and a capture or graph keeps the pool alive after its handles
+  // are gone. A pool with no reference left and no live block is destroyed
+  // and its segments go back to the runtime.
+  //
+  // Creates an empty graph pool on `device`, with one handle reference for
+  // the caller.
   absl::StatusOr<PoolHandle> create_graph_pool(int device);
+  // Takes / gives up one handle reference. kNotFound for a pool that does not
+  // exist; kFailedPrecondition, changing nothing, once every handle
+  // reference was released (the pool may live on for its graphs, but takes
+  // no new capture: create a new one).
   absl::Status retain_graph_pool(PoolHandle pool);
-  // Drops a reference. A pool with no reference left and no live block is
-  // destroyed and its segments go back to the runtime.
   absl::Status release_graph_pool(PoolHandle pool);
+  // The reference of the graph captured as `capture`, which may replay into
+  // `pool` (a CaptureTracker takes one per graph and drops it when the graph
+  // is destroyed). One per capture: kAlreadyExists for a second; the pool
+  // must still have a handle reference (kFailedPrecondition otherwise).
+  // drop_graph_pool_hold gives it up: kNotFound, changing nothing, when the
+  // capture holds none.
+  absl::Status hold_graph_pool(PoolHandle pool, CaptureId capture);
+  absl::Status drop_graph_pool_hold(PoolHandle pool, CaptureId capture);
   // From now on, allocations on streams in capture `capture` (on `device`)
   // come from `pool`, which the route holds a reference on (PyTorch's
-  // beginAllocateToPool). A capture nobody announced gets a private pool on
+  // beginAllocateToPool); the caller must hold a handle to it. A capture
+  // nobody announced gets a private pool on
   // its first allocation, kept for the life of the allocator since nobody will
   // say when its graph is gone.
   absl::Status begin_allocate_to_pool(int device, CaptureId capture, PoolHandle pool);

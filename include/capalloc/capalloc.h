@@ -83,7 +83,13 @@ CAPALLOC_API capalloc_status capalloc_get_stats(int device, capalloc_stats* out)
 CAPALLOC_API capalloc_status capalloc_check_invariants(void);
 
 /* Streams of the process-wide runtime, for hosts without a native stream
- * API (the host runtime). */
+ * API (the host runtime). capalloc_stream_synchronize refuses a capturing
+ * stream (CAPALLOC_FAILED_PRECONDITION) rather than invalidate its capture.
+ * Every call that takes a stream refuses one the runtime does not know
+ * (never created or destroyed): the host runtime knows each of its streams;
+ * on CUDA and HIP a stream is checked the first time capalloc sees it and
+ * remembered until it is destroyed through capalloc, so a handle destroyed
+ * natively behind capalloc's back is not noticed. */
 CAPALLOC_API capalloc_status capalloc_stream_create(int device, void** out);
 CAPALLOC_API capalloc_status capalloc_stream_destroy(void* stream);
 CAPALLOC_API capalloc_status capalloc_stream_synchronize(void* stream);
@@ -137,6 +143,11 @@ CAPALLOC_API capalloc_status capalloc_snapshot(const char** json);
 CAPALLOC_API capalloc_status capalloc_preallocate(int device, const char* key, size_t bytes,
                                                   void** out);
 CAPALLOC_API capalloc_status capalloc_get(int device, const char* key, void** out);
+/* Frees the buffer (device, key); the caller guarantees that no graph using
+ * it replays again. The only way to free one: capalloc_free of a persistent
+ * buffer is refused (CAPALLOC_FAILED_PRECONDITION, naming this call).
+ * CAPALLOC_NOT_FOUND for a key that holds no buffer. */
+CAPALLOC_API capalloc_status capalloc_release_persistent(int device, const char* key);
 
 /* PyTorch's CUDAPluggableAllocator entry points, with exactly its C++
  * signatures. capalloc_torch_malloc returns NULL for size 0 (PyTorch's

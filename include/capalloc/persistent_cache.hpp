@@ -57,6 +57,9 @@ class CAPALLOC_API PersistentCache {
   // preallocate, when the key was not warmed.
   absl::StatusOr<void*> get(int device, std::string_view key) const;
   // Frees the buffer. The caller guarantees no graph that uses it replays again.
+  // This is the only way to free it: the allocator refuses a plain
+  // deallocate() of a cache's buffer (kFailedPrecondition naming this call).
+  // kNotFound, changing nothing, for a key that holds no buffer.
   absl::Status release(int device, std::string_view key);
   std::vector<Entry> entries() const;
 

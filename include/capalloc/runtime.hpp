@@ -207,6 +207,12 @@ class CAPALLOC_API MemoryRuntime {
   virtual absl::StatusOr<StreamHandle> create_stream(int device) = 0;
   // Waits for the stream's work, then destroys it.
   virtual absl::Status destroy_stream(StreamHandle stream) = 0;
+  // Calls `on_destroyed(stream)` after each stream that destroy_stream
+  // destroyed, from the destroying thread and outside the runtime's locks,
+  // until it returns false. The allocator forgets the stream then (its free
+  // blocks, its record_stream uses). A stream destroyed behind the runtime's
+  // back (cudaStreamDestroy on a handle a host application made) is not seen.
+  virtual void watch_stream_destruction(std::function<bool(StreamHandle)> on_destroyed) = 0;
   // Blocks until all work enqueued on the stream has run. Illegal while the
   // stream is capturing: invalidates the capture and returns an error.
   virtual absl::Status synchronize_stream(StreamHandle stream) = 0;

@@ -34,6 +34,7 @@ import sys
 
 __all__ = [
     "CapallocError", "Finding", "load", "install", "check", "preallocate", "get",
+    "release_persistent",
     "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
     "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
 ]
@@ -192,6 +193,7 @@ def _declare(lib):
         getattr(lib, name).argtypes = [out_str]
     lib.capalloc_preallocate.argtypes = [c_int, c_char_p, c_size, ctypes.POINTER(c_void_p)]
     lib.capalloc_get.argtypes = [c_int, c_char_p, ctypes.POINTER(c_void_p)]
+    lib.capalloc_release_persistent.argtypes = [c_int, c_char_p]
     lib.capalloc_set_strict.argtypes = [c_int]
     lib.capalloc_waive.argtypes = [c_u64, c_void_p, c_char_p, c_char_p]
     lib.capalloc_empty_cache.argtypes = [c_int]
@@ -372,6 +374,15 @@ def get(device, key):
     out = ctypes.c_void_p()
     _call("capalloc_get", device, key, ctypes.byref(out))
     return out.value
+
+
+def release_persistent(device, key):
+    """Frees the persistent buffer (device, key): the only way to free one
+    (free() of its address is refused). The caller guarantees that no graph
+    using it replays again."""
+    device = _device("release_persistent", device)
+    key = _text("release_persistent", "key", key)
+    _call("capalloc_release_persistent", device, key)
 
 
 def snapshot():

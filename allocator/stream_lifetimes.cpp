@@ -1,0 +1,83 @@
+// allocator/stream_lifetimes.cpp: which streams the allocator accepts, and
+// what it forgets when a stream is destroyed.
+//
+// A stream is checked the first time a call names it (the runtime's
+// capture_info must know it: the host runtime knows exactly which streams
+// exist; CUDA and HIP answer for any live handle) and remembered until the
+// runtime reports it destroyed (MemoryRuntime::watch_stream_destruction).
+// Limit: on CUDA and HIP a stream that the application destroys natively,
+// behind the runtime's back, stays remembered; a later stream that gets the
+// same handle is then simply the same stream to capalloc.
+//
+// When a stream is destroyed its work has run (destroy_stream waits for it):
+// its record_stream uses stop holding frees back, and the segments it owned
+// go back to the runtime once fully free (a destroyed stream's cache can
+// never be reused), with their free indexes.
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "allocator/allocator_impl.hpp"
+
+namespace capalloc {
+
+using detail::Block;
+
+absl::Status Allocator::Impl::check_stream(StreamHandle stream, std::string_view call) {
+  if (stream == kDefaultStream) return absl::OkStatus();
+  apply_gone_streams();  // one atomic load when no stream was destroyed
+  if (stream == last_known_stream) return absl::OkStatus();
+  if (!known_streams.contains(stream)) {
+    if (auto info = runtime->capture_info(stream); !info.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: stream 0x%x is not a live stream of the %s runtime (never created, or already "
+          "destroyed): %s",
+          std::string(call), stream, runtime->name(), std::string(info.status().message())));
+    }
+    known_streams.insert(stream);
+  }
+  last_known_stream = stream;
+  return absl::OkStatus();
+}
+
+void Allocator::Impl::apply_gone_streams() {
+  if (!gone_streams->any.load(std::memory_order_acquire)) return;
+  std::vector<StreamHandle> streams;
+  {
+    std::lock_guard lock(gone_streams->mu);
+    streams.swap(gone_streams->streams);
+    gone_streams->any.store(false, std::memory_order_relaxed);
+  }
+  for (StreamHandle stream : streams) {
+    known_streams.erase(stream);
+    if (last_known_stream == stream) last_known_stream = kDefaultStream;
+    auto forget = [stream](Block* block) {
+      auto& used = block->used_on;
+      used.erase(std::remove(used.begin(), used.end(), stream), used.end());
+    };
+    for (auto& [addr, block] : live) forget(block);
+    // Frees deferred only for this stream's sake complete now. (Events
+    // already recorded on it have completed too: process_pending sees them.)
+    auto keep = deferred.begin();
+    for (Block* block : deferred) {
+      forget(block);
+      if (!block->used_on.empty()) {
+        *keep++ = block;
+        continue;
+      }
+      detail::Pool* pool = block->segment->pool;
+      pool->give_back(block);
+      maybe_destroy_pool(pool);
+    }
+    deferred.erase(keep, deferred.end());
+    for (int d = 0; d < static_cast<int>(devices.size()); ++d) {
+      if (!events_allowed(d)) continue;  // a capture is routed: no release now
+      release_segments(d, *devices[d].default_pool, stream).IgnoreError();
+      for (auto& [handle, pool] : devices[d].graph_pools) {
+        if (!pool->referenced()) release_segments(d, *pool, stream).IgnoreError();
+      }
+    }
+  }
+}
+
+}  // namespace capalloc
