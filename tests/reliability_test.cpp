@@ -49,7 +49,7 @@ KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
                        std::chrono::milliseconds delay = std::chrono::milliseconds(50)) {
   KernelLaunch k;
   k.name = "slow_fill";
-  k.writes = {MemorySpan{reinterpret_cast<std::uintptr_t>(p), bytes}};
+  k.writes = {MemorySpan{p, bytes}};
   k.host_body = [p, bytes, value, delay] {
     std::this_thread::sleep_for(delay);
     std::memset(p, value, bytes);
