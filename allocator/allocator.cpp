@@ -273,7 +273,13 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   ctx.device_may_capture = m.runtime->any_capture_active(device);
   if (ctx.device_may_capture) {
     auto info = m.runtime->capture_info(stream);
-    if (!info.ok()) return info.status();
+    if (!info.ok()) {
+      // An unknown stream is the same error with or without a capture on
+      // the device: check_stream's.
+      std::lock_guard lock(m.mu);
+      if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
+      return info.status();
+    }
     if (info->status != CaptureStatus::kNone) {
       ctx.capture = info->id;
       ctx.position = info->position;
