@@ -228,33 +228,44 @@ struct Scene {
   }
 };
 
-// Runs `body` in a child process (the C ABI's allocator starts once per
-// process) with `env` set, and returns what it wrote to the pipe.
-template <typename Body>
-std::string in_child(const std::vector<std::pair<std::string, std::string>>& env, Body&& body) {
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
+// Runs the hidden TEST_CASE `name` of this program in a fresh process (the
+// C ABI's allocator starts once per process, and this one's may have
+// started) with `env` set; returns what it wrote to $ERRORS_DOC_RESULT.
+std::string in_fresh_process(const std::string& name,
+                             const std::vector<std::pair<std::string, std::string>>& env) {
+  char result_path[] = "/tmp/capalloc_errors_doc_result_XXXXXX";
+  const int fd = ::mkstemp(result_path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    ::close(fds[0]);
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    const std::string out = body();
-    const ssize_t written = ::write(fds[1], out.data(), out.size());
-    ::_exit(written == static_cast<ssize_t>(out.size()) ? 0 : 1);
+    for (const auto& [var, value] : env) ::setenv(var.c_str(), value.c_str(), 1);
+    ::setenv("ERRORS_DOC_RESULT", result_path, 1);
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    ::dup2(null_fd, STDOUT_FILENO);
+    std::string self = "errors_doc_test";
+    std::string test = name;
+    char* argv[] = {self.data(), test.data(), nullptr};
+    ::execv("/proc/self/exe", argv);
+    ::_exit(127);
   }
-  ::close(fds[1]);
-  std::string out;
-  char buf[1024];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) {
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fds[0]);
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  return out;
+  std::ifstream in(result_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  ::unlink(result_path);
+  return text.str();
+}
+
+// What a hidden case reports back to in_fresh_process.
+void report_result(const std::string& out) {
+  const char* path = std::getenv("ERRORS_DOC_RESULT");
+  REQUIRE(path != nullptr);
+  std::ofstream(path) << out;
 }
 
 void use_host_runtime() { ::setenv("CAPALLOC_RUNTIME", "host", 1); }
@@ -375,6 +386,24 @@ TEST_CASE("errors: deallocate of a null pointer changes nothing", "[errors][allo
   CHECK_ERROR(s.alloc->deallocate_owned(nullptr, "x"), Code::kInvalidArgument,
               "deallocate: null pointer");
   s.unchanged();
+}
+
+TEST_CASE("errors: deallocate of a split's free remainder is NOT_FOUND and changes nothing",
+          "[errors][alloc]") {
+  Scene s;
+  // A 4 KiB block split off a segment's free memory: the remainder starts
+  // right after it, free, and was never handed out.
+  auto p = s.alloc->allocate(4096);
+  REQUIRE_OK(p);
+  void* rest = static_cast<char*>(*p) + 4096;
+  REQUIRE(s.alloc->block_info(rest)->ptr == rest);
+  s.mark();
+  CHECK_ERROR(s.alloc->deallocate(rest), Code::kNotFound,
+              "capalloc did not hand out this pointer");
+  CHECK_THAT(message_of(s.alloc->deallocate(rest)), !Catch::Contains("double free"));
+  s.unchanged();
+  CHECK(s.alloc->block_info(rest)->state == BlockState::kFree);
+  REQUIRE_OK(s.alloc->deallocate(*p));
 }
 
 TEST_CASE("errors: a second free of a block still waiting on stream events is refused",
@@ -1058,6 +1087,26 @@ TEST_CASE("errors: C stream calls on unknown, default or capturing streams", "[e
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }
 
+TEST_CASE("errors: capalloc_stream_synchronize of a capturing stream keeps the capture",
+          "[errors][c_api][capture]") {
+  use_host_runtime();
+  void* stream = nullptr;
+  REQUIRE(capalloc_stream_create(0, &stream) == CAPALLOC_OK);
+  REQUIRE(capalloc_capture_begin(0, stream, 0, "synced") == CAPALLOC_OK);
+  CHECK_C_ERROR(capalloc_stream_synchronize(stream), CAPALLOC_ERROR_FAILED_PRECONDITION,
+                "the stream is capturing (capture ");
+  CHECK_THAT(std::string(capalloc_last_error()),
+             Catch::Contains("and synchronizing it would invalidate the capture; end the capture "
+                             "first"));
+  // The capture was not invalidated: it ends with a graph, which replays.
+  std::uint64_t graph = 0;
+  REQUIRE(capalloc_capture_end(stream, &graph, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_graph_replay(graph, stream) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_synchronize(stream) == CAPALLOC_OK);
+  REQUIRE(capalloc_graph_destroy(graph) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(stream) == CAPALLOC_OK);
+}
+
 TEST_CASE("errors: C graph pool, capture and strict calls with bad arguments change nothing",
           "[errors][c_api]") {
   use_host_runtime();
@@ -1090,20 +1139,24 @@ TEST_CASE("errors: C graph pool, capture and strict calls with bad arguments cha
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }
 
+// Run by the case below in a fresh process, with the runtime unavailable.
+TEST_CASE("errors_doc: the C ABI's first calls with the cuda runtime unavailable", "[.][errors]") {
+  void* p = nullptr;
+  const capalloc_status first = capalloc_malloc(&p, 256, 0, nullptr);
+  const std::string message = capalloc_last_error();
+  const capalloc_status second = capalloc_free(p);
+  const bool same = message == capalloc_last_error();
+  const bool no_name = capalloc_runtime_name() == nullptr;
+  report_result(absl::StrCat(static_cast<int>(first), " ", static_cast<int>(second), " ",
+                             same ? "same" : "different", " ", no_name ? "null" : "named", " ",
+                             message));
+}
+
 TEST_CASE("errors: the C ABI fails to start when the runtime is unavailable, and says so each call",
           "[errors][c_api][plugins]") {
-  const std::string out = in_child(
-      {{"CAPALLOC_RUNTIME", "cuda"}, {"CAPALLOC_BACKEND_PATH", scratch_dir("empty")}}, [] {
-        void* p = nullptr;
-        const capalloc_status first = capalloc_malloc(&p, 256, 0, nullptr);
-        const std::string message = capalloc_last_error();
-        const capalloc_status second = capalloc_free(p);
-        const bool same = message == capalloc_last_error();
-        const bool no_name = capalloc_runtime_name() == nullptr;
-        return absl::StrCat(static_cast<int>(first), " ", static_cast<int>(second), " ",
-                            same ? "same" : "different", " ", no_name ? "null" : "named", " ",
-                            message);
-      });
+  const std::string out =
+      in_fresh_process("errors_doc: the C ABI's first calls with the cuda runtime unavailable",
+                       {{"CAPALLOC_RUNTIME", "cuda"}, {"CAPALLOC_BACKEND_PATH", scratch_dir("empty")}});
   INFO(out);
   CHECK_THAT(out, Catch::StartsWith("5 5 same null "));  // CAPALLOC_ERROR_UNAVAILABLE
   CHECK_THAT(out, Catch::Contains("runtime 'cuda': libcapalloc_backend_cuda.so could not be loaded"));
