@@ -13,6 +13,7 @@
 #include <bit>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -273,7 +274,13 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   ctx.device_may_capture = m.runtime->any_capture_active(device);
   if (ctx.device_may_capture) {
     auto info = m.runtime->capture_info(stream);
-    if (!info.ok()) return info.status();
+    if (!info.ok()) {
+      // An unknown stream is the same error with or without a capture on
+      // the device: check_stream's.
+      std::lock_guard lock(m.mu);
+      if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
+      return info.status();
+    }
     if (info->status != CaptureStatus::kNone) {
       ctx.capture = info->id;
       ctx.position = info->position;
@@ -351,20 +358,23 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // such blocks and must not take them for live after their memory is
   // reused), and every free while a capture is routed on the device, with
   // the capture position of the block's stream if that stream is capturing.
+  std::optional<BlockEvent> freed;
   if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
-    CaptureId capture = 0;
-    std::size_t position = 0;
-    std::uintptr_t graph = 0;
+    freed.emplace();
+    freed->kind = BlockEvent::Kind::kFree;
+    freed->block = m.info_of(*block);  // before it may merge away
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
-      capture = info->id;
-      position = info->position;
-      graph = info->graph;
+      freed->capture = info->id;
+      freed->position = info->position;
+      freed->capture_graph = info->graph;
     }
-    // Before it may merge away.
-    m.notify(BlockEvent::Kind::kFree, *block, capture, position, graph);
   }
-  return m.free_block(block);
+  if (absl::Status s = m.free_block(block); !s.ok()) return s;
+  // Told only once the free has happened: a free that failed (its block left
+  // allocated) must not look like one to the tracker.
+  if (freed.has_value()) m.listener->on_block_event(*freed);
+  return absl::OkStatus();
 }
 
 absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
