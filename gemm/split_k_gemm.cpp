@@ -197,6 +197,10 @@ struct CAPALLOC_INTERNAL SplitKGemm::Impl {
     EventHandle event = 0;
     StreamHandle last_stream = kDefaultStream;
     bool launched = false;
+    // The last launch is enqueued but `event` does not mark it (its record
+    // failed, and so did waiting for it then): the next launch on another
+    // stream synchronizes last_stream instead of waiting for the event.
+    bool unmarked = false;
   };
   std::mutex mu;
   absl::flat_hash_map<int, DeviceOrder> order;  // guarded by mu
@@ -284,12 +288,26 @@ absl::Status SplitKGemm::run(int device, StreamHandle stream, const GemmProblem&
   }
   if (o.launched && o.last_stream != stream) {
     // One workspace per device: wait for the previous launch's stream.
-    CAPALLOC_RETURN_IF_ERROR(rt.stream_wait_event(stream, o.event));
+    if (o.unmarked) {
+      CAPALLOC_RETURN_IF_ERROR(rt.synchronize_stream(o.last_stream));
+      o.unmarked = false;
+    } else {
+      CAPALLOC_RETURN_IF_ERROR(rt.stream_wait_event(stream, o.event));
+    }
   }
   CAPALLOC_RETURN_IF_ERROR(launch_split_k_gemm(rt, stream, problem, *buffers, impl_->tiling));
-  CAPALLOC_RETURN_IF_ERROR(rt.record_event(o.event, stream));
+  // Enqueued: whatever happens to the event, the next launch on another
+  // stream must come after this one.
   o.launched = true;
   o.last_stream = stream;
+  if (absl::Status recorded = rt.record_event(o.event, stream); !recorded.ok()) {
+    // The event still marks an earlier launch, if any: waiting for it would
+    // not wait for this one. Wait for this one now; if that fails too, the
+    // next launch on another stream synchronizes this stream first.
+    o.unmarked = !rt.synchronize_stream(stream).ok();
+    return recorded;
+  }
+  o.unmarked = false;
   return absl::OkStatus();
 }
 

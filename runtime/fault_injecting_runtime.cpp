@@ -46,13 +46,18 @@ std::string Outstanding::describe() const {
 }
 
 FaultInjectingRuntime::FaultInjectingRuntime(std::shared_ptr<DeviceRuntime> inner, FaultPlan plan)
-    : in_(std::move(inner)), plan_(std::move(plan)) {}
+    : in_(std::move(inner)), plans_{std::move(plan)} {}
 
 void FaultInjectingRuntime::set_plan(FaultPlan plan) {
   std::lock_guard lock(mu_);
-  plan_ = std::move(plan);
+  plans_ = {std::move(plan)};
   calls_ = {};
   all_calls_ = 0;
+}
+
+void FaultInjectingRuntime::add_plan(FaultPlan plan) {
+  std::lock_guard lock(mu_);
+  plans_.push_back(std::move(plan));
 }
 
 std::array<std::uint64_t, kFaultCategories> FaultInjectingRuntime::calls() const {
@@ -133,14 +138,19 @@ std::optional<absl::Status> FaultInjectingRuntime::next_call(
     std::lock_guard lock(mu_);
     const std::uint64_t in_category = ++calls_[static_cast<std::size_t>(category)];
     const std::uint64_t overall = ++all_calls_;
-    if (plan_.nth == 0) return std::nullopt;
-    std::uint64_t number = overall;
-    if (plan_.category.has_value()) {
-      if (*plan_.category != category) return std::nullopt;
-      number = in_category;
+    const FaultPlan* plan = nullptr;
+    std::uint64_t number = 0;
+    for (const FaultPlan& p : plans_) {
+      if (p.nth == 0 || (p.category.has_value() && *p.category != category)) continue;
+      const std::uint64_t n = p.category.has_value() ? in_category : overall;
+      if (n >= p.nth && n - p.nth < p.count) {
+        plan = &p;
+        number = n;
+        break;
+      }
     }
-    if (number < plan_.nth || number - plan_.nth >= plan_.count) return std::nullopt;
-    const absl::StatusCode code = plan_.code.value_or(category == FaultCategory::kReserve
+    if (plan == nullptr) return std::nullopt;
+    const absl::StatusCode code = plan->code.value_or(category == FaultCategory::kReserve
                                                           ? absl::StatusCode::kResourceExhausted
                                                           : absl::StatusCode::kInternal);
     fault.category = category;
@@ -152,7 +162,7 @@ std::optional<absl::Status> FaultInjectingRuntime::next_call(
     fault.handle = handle;
     fault.status = absl::Status(
         code, absl::StrFormat("injected fault: %s call #%d%s (%s)", fault_category_name(category),
-                              number, plan_.category.has_value() ? "" : " of all categories",
+                              number, plan->category.has_value() ? "" : " of all categories",
                               fault.call));
     injected_.push_back(fault);
     callback = on_inject_;

@@ -26,7 +26,8 @@
 // watch_*) are forwarded, not counted, never failed.
 //
 // A FaultPlan fails the Nth call of one category (or the Nth call of all
-// seven together), and optionally the calls after it. What a failed call
+// seven together), and optionally the calls after it; several plans may be
+// active at once. What a failed call
 // does, chosen to match CUDA's semantics:
 //   - most calls do nothing and return the error: no memory reserved or
 //     released, no event or stream created or destroyed, nothing enqueued,
@@ -122,8 +123,11 @@ class FaultInjectingRuntime final : public DeviceRuntime {
  public:
   explicit FaultInjectingRuntime(std::shared_ptr<DeviceRuntime> inner, FaultPlan plan = {});
 
-  // Replaces the plan; numbering starts again from 1 for every category.
+  // Replaces the plans with one; numbering starts again from 1 for every
+  // category.
   void set_plan(FaultPlan plan);
+  // Adds a plan (numbering goes on): a call fails if any plan says so.
+  void add_plan(FaultPlan plan);
   // Calls of each category since the last set_plan (or construction),
   // failed ones included, indexed by FaultCategory.
   std::array<std::uint64_t, kFaultCategories> calls() const;
@@ -206,7 +210,7 @@ class FaultInjectingRuntime final : public DeviceRuntime {
 
   const std::shared_ptr<DeviceRuntime> in_;
   mutable std::mutex mu_;
-  FaultPlan plan_;
+  std::vector<FaultPlan> plans_;
   std::array<std::uint64_t, kFaultCategories> calls_{};
   std::uint64_t all_calls_ = 0;
   std::vector<InjectedFault> injected_;

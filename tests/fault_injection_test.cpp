@@ -39,6 +39,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <future>
+#include <mutex>
+#include <thread>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,6 +55,7 @@
 #include "absl/strings/str_join.h"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
+#include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"
 #include "capalloc/runtime.hpp"
 #include "runtime/fault_injecting_runtime.hpp"
@@ -840,4 +844,80 @@ TEST_CASE("the fault-injecting runtime numbers calls per category and fails the 
   CHECK(rt->calls(FaultCategory::kInstantiate) == 1);
   CHECK(rt->destroy_stream(s).ok());
   CHECK(rt->outstanding().none());
+}
+
+TEST_CASE("issue 11: a split-K GEMM whose event record fails still orders the next launch on "
+          "another stream after it",
+          "[faults][issue11][gemm]") {
+  // SplitKGemm::run launches the GEMM, then records the event that the next
+  // launch on another stream waits for (they share the workspace and the
+  // semaphore). Here that record fails (event call #2: #1 creates the
+  // event) while the GEMM sits queued on stream A behind a gate; the next
+  // GEMM, on stream B, must still run after A's. (Before the fix, run() left
+  // its ordering state as if A's GEMM had never been launched, and B's ran
+  // at once.)
+  capalloc::HostRuntimeOptions options;
+  auto rt = std::make_shared<FaultInjectingRuntime>(capalloc::make_host_runtime(options).value());
+  auto alloc = Allocator::create(rt).value();
+  PersistentCache cache(*alloc);
+  capalloc::SplitKGemm gemm(*alloc, cache);
+  REQUIRE(gemm.preallocate_split_k(0).ok());
+  const StreamHandle a_stream = rt->create_stream(0).value();
+  const StreamHandle b_stream = rt->create_stream(0).value();
+  constexpr int kM = 1, kN = 64, kK = 256;
+  void* a = alloc->allocate(kM * kK * sizeof(float)).value();
+  void* b = alloc->allocate(kN * kK * sizeof(float)).value();
+  void* c1 = alloc->allocate(kM * kN * 2).value();
+  void* c2 = alloc->allocate(kM * kN * 2).value();
+  const capalloc::GemmProblem p1{.m = kM, .n = kN, .k = kK, .a = a, .a_type = capalloc::DType::kF32,
+                                 .b = b, .b_type = capalloc::DType::kF32, .c = c1};
+  capalloc::GemmProblem p2 = p1;
+  p2.c = c2;
+
+  // The log of what ran, in order.
+  std::mutex mu;
+  std::vector<std::string> log;
+  auto note = [&](std::string what) {
+    std::lock_guard lock(mu);
+    log.push_back(std::move(what));
+  };
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  KernelLaunch wait{.name = "gate", .host_body = [opened] { opened.wait(); }};
+  REQUIRE(rt->launch_kernel(a_stream, std::move(wait)).ok());
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    note("gate opened");
+    gate.set_value();
+  });
+
+  rt->set_plan(FaultPlan{.category = FaultCategory::kEvent, .nth = 2});
+  // Stream calls from here to B's launch: run(A) synchronizes A when the
+  // record fails; if that fails too (the wrapper's failed synchronization
+  // still waits, so the order alone cannot tell), run(B) synchronizes A.
+  std::uint64_t syncs_until_b = 1;
+  SECTION("run() waits for A's GEMM when the record fails") {}
+  SECTION("and when waiting for it then fails too, the next launch on another stream does") {
+    rt->add_plan(FaultPlan{.category = FaultCategory::kStream, .nth = 1});
+    syncs_until_b = 2;
+  }
+  const absl::Status first = gemm.run(0, a_stream, p1);
+  CHECK_THAT(std::string(first.message()), Catch::Contains("injected fault: event call #2"));
+  KernelLaunch mark{.name = "mark", .host_body = [&] { note("B's GEMM done"); }};
+  const absl::Status second = gemm.run(0, b_stream, p2);
+  CHECK(second.ok());
+  CHECK(rt->calls(FaultCategory::kStream) == syncs_until_b);
+  REQUIRE(rt->launch_kernel(b_stream, std::move(mark)).ok());
+  CHECK(rt->synchronize_stream(b_stream).ok());
+  opener.join();
+  CHECK(rt->synchronize_stream(a_stream).ok());
+  {
+    std::lock_guard lock(mu);
+    INFO(absl::StrJoin(log, ", "));
+    REQUIRE(log.size() == 2);
+    CHECK(log[0] == "gate opened");  // B's GEMM waited for A's, queued behind the gate
+  }
+  for (void* p : {a, b, c1, c2}) CHECK(alloc->deallocate(p).ok());
+  CHECK(rt->destroy_stream(a_stream).ok());
+  CHECK(rt->destroy_stream(b_stream).ok());
 }
