@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.hpp"
 #include "capalloc/gemm.hpp"
@@ -204,6 +205,9 @@ struct CAPALLOC_INTERNAL SplitKGemm::Impl {
   };
   std::mutex mu;
   absl::flat_hash_map<int, DeviceOrder> order;  // guarded by mu
+  // Devices whose semaphore preallocate_split_k allocated but failed to zero
+  // (guarded by mu): buffers() refuses it, and run() warms it again.
+  absl::flat_hash_set<int> unzeroed;
 };
 
 SplitKGemm::SplitKGemm(Allocator& allocator, PersistentCache& cache, GemmTiling tiling)
@@ -238,11 +242,29 @@ absl::Status SplitKGemm::preallocate_split_k(int device, StreamHandle stream) {
   CAPALLOC_ASSIGN_OR_RETURN(void* sem, impl_->cache->preallocate(device, kSemaphoreKey,
                                                                  kSplitKSemaphoreBytes));
   (void)ws;
-  CAPALLOC_RETURN_IF_ERROR(rt.memset_async(sem, 0, kSplitKSemaphoreBytes, stream));
-  return rt.synchronize_stream(stream);
+  // The split-K protocol reads the semaphore first: one whose zeroing
+  // failed (its memory holds whatever was there) must not reach a launch.
+  absl::Status zeroed = rt.memset_async(sem, 0, kSplitKSemaphoreBytes, stream);
+  if (zeroed.ok()) zeroed = rt.synchronize_stream(stream);
+  std::lock_guard lock(impl_->mu);
+  if (zeroed.ok()) {
+    impl_->unzeroed.erase(device);
+  } else {
+    impl_->unzeroed.insert(device);
+  }
+  return zeroed;
 }
 
 absl::StatusOr<SplitKBuffers> SplitKGemm::buffers(int device) const {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->unzeroed.contains(device)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the split-K semaphore of device %d was allocated but zeroing it failed; call "
+          "SplitKGemm::preallocate_split_k(%d) again",
+          device, device));
+    }
+  }
   auto ws = impl_->cache->get(device, kWorkspaceKey);
   auto sem = impl_->cache->get(device, kSemaphoreKey);
   if (!ws.ok() || !sem.ok()) {
@@ -265,6 +287,7 @@ absl::Status SplitKGemm::run(int device, StreamHandle stream, const GemmProblem&
   const bool capturing = info.status != CaptureStatus::kNone;
   auto buffers = this->buffers(device);
   if (!buffers.ok()) {
+    if (capturing && !absl::IsNotFound(buffers.status())) return buffers.status();
     if (capturing) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "split-K GEMM on device %d: first call inside capture %d (stream 0x%x) with a cold "

@@ -921,3 +921,52 @@ TEST_CASE("issue 11: a split-K GEMM whose event record fails still orders the ne
   CHECK(rt->destroy_stream(a_stream).ok());
   CHECK(rt->destroy_stream(b_stream).ok());
 }
+
+TEST_CASE("issue 11: a split-K preallocation whose zeroing fails leaves no unzeroed semaphore "
+          "for later launches",
+          "[faults][issue11][gemm]") {
+  // preallocate_split_k allocates the workspace and the semaphore, then
+  // zeroes the semaphore (memset_async, then synchronize_stream). When the
+  // zeroing fails, a later run() must not take the semaphore as ready: its
+  // memory holds whatever the block's address held before (here 0xFF bytes
+  // of a freed block), and the GEMM's split-K protocol reads it first.
+  capalloc::HostRuntimeOptions options;
+  auto rt = std::make_shared<FaultInjectingRuntime>(capalloc::make_host_runtime(options).value());
+  auto alloc = Allocator::create(rt).value();
+  PersistentCache cache(*alloc);
+  capalloc::SplitKGemm gemm(*alloc, cache);
+  void* dirty = alloc->allocate(capalloc::kSplitKSemaphoreBytes).value();
+  REQUIRE(rt->memset_async(dirty, 0xFF, capalloc::kSplitKSemaphoreBytes, kDefaultStream).ok());
+  REQUIRE(rt->synchronize_stream(kDefaultStream).ok());
+  REQUIRE(alloc->deallocate(dirty).ok());
+
+  SECTION("the memset fails") {
+    rt->set_plan(FaultPlan{.category = FaultCategory::kLaunch, .nth = 1});
+  }
+  SECTION("the synchronization after it fails") {
+    rt->set_plan(FaultPlan{.category = FaultCategory::kStream, .nth = 1});
+  }
+  const absl::Status warm = gemm.preallocate_split_k(0);
+  CHECK_THAT(std::string(warm.message()), Catch::Contains("injected fault"));
+  rt->set_plan(FaultPlan{});
+  // Either no semaphore is handed out, or it reads zero.
+  if (auto buffers = gemm.buffers(0); buffers.ok()) {
+    std::vector<std::int32_t> sem(capalloc::kSplitKMaxTiles, -1);
+    REQUIRE(rt->memcpy_async(sem.data(), buffers->semaphore, capalloc::kSplitKSemaphoreBytes,
+                             kDefaultStream)
+                .ok());
+    REQUIRE(rt->synchronize_stream(kDefaultStream).ok());
+    CHECK(std::count(sem.begin(), sem.end(), 0) == capalloc::kSplitKMaxTiles);
+  }
+  // A later warmup (or run()'s own) hands out a zeroed semaphore.
+  REQUIRE(gemm.preallocate_split_k(0).ok());
+  auto buffers = gemm.buffers(0);
+  REQUIRE(buffers.ok());
+  std::vector<std::int32_t> sem(capalloc::kSplitKMaxTiles, -1);
+  REQUIRE(rt->memcpy_async(sem.data(), buffers->semaphore, capalloc::kSplitKSemaphoreBytes,
+                           kDefaultStream)
+              .ok());
+  REQUIRE(rt->synchronize_stream(kDefaultStream).ok());
+  CHECK(std::count(sem.begin(), sem.end(), 0) == capalloc::kSplitKMaxTiles);
+  CHECK(alloc->CheckInvariants().ok());
+}
