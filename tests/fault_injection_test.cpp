@@ -551,7 +551,9 @@ std::uint64_t env_or(const char* name, std::uint64_t fallback) {
 const std::uint64_t kRandomSeed = env_or("CAPALLOC_FAULTS_SEED", 11);
 const std::size_t kRandomOps = env_or("CAPALLOC_FAULTS_OPS", 1000);
 
-absl::Status random_scenario(Harness& h) { return RandomSequence(h, kRandomSeed, kRandomOps).run(); }
+absl::Status random_scenario(Harness& h) {
+  return RandomSequence(h, kRandomSeed, kRandomOps).run();
+}
 
 // --- The sweep ---------------------------------------------------------------------
 
@@ -565,7 +567,8 @@ std::optional<std::string> absorbed(const InjectedFault& f, const Harness& h,
                                     const Harness::Absorbed* op) {
   // Allocator: "kResourceExhausted when the device is out of memory after
   // the cache was released and the request retried once".
-  if (f.category == FaultCategory::kReserve && f.status.code() == absl::StatusCode::kResourceExhausted) {
+  if (f.category == FaultCategory::kReserve &&
+      f.status.code() == absl::StatusCode::kResourceExhausted) {
     if (h.retries == 0) return std::nullopt;
     return "reserve out of memory: retried after releasing the cache";
   }
@@ -659,9 +662,12 @@ void run_point(const char* scenario_name, Scenario scenario, const FaultPlan& pl
   } else {
     // In a teardown: no caller is left to tell; the scenario's result stands.
     outcome = "in teardown";
-    if (!status.ok()) problems.push_back("a teardown fault failed the scenario: " + status.ToString());
+    if (!status.ok()) {
+      problems.push_back("a teardown fault failed the scenario: " + status.ToString());
+    }
     if (!h.mismatches.empty()) {
-      problems.push_back("a teardown fault changed the results: " + absl::StrJoin(h.mismatches, "; "));
+      problems.push_back("a teardown fault changed the results: " +
+                         absl::StrJoin(h.mismatches, "; "));
     }
   }
 
@@ -692,8 +698,9 @@ void run_point(const char* scenario_name, Scenario scenario, const FaultPlan& pl
   if (std::getenv("CAPALLOC_FAULTS_VERBOSE") != nullptr) {
     std::printf("%s | %.0f ms | %s #%d x%d | %s | %s | %s\n", scenario_name, ms,
                 plan.category ? std::string(fault_category_name(*plan.category)).c_str() : "any",
-                static_cast<int>(plan.nth), static_cast<int>(plan.count), fault ? fault->call.c_str() : "-",
-                fault ? fault->phase.c_str() : "-", outcome.c_str());
+                static_cast<int>(plan.nth), static_cast<int>(plan.count),
+                fault ? fault->call.c_str() : "-", fault ? fault->phase.c_str() : "-",
+                outcome.c_str());
   }
   if (!problems.empty()) {
     ++totals.failures;
@@ -733,6 +740,14 @@ void sweep(const char* name, Scenario scenario, std::uint64_t cap, bool determin
   // CAPALLOC_FAULTS_COUNT=<k> fails k calls in a row from each point (a
   // sticky error) instead of one.
   const std::uint64_t sticky = std::max<std::uint64_t>(env_or("CAPALLOC_FAULTS_COUNT", 1), 1);
+  // The allocator logs the releases that fail (as it should): hundreds of
+  // lines here, all expected.
+  const std::string level = capalloc::log_level_from_env().value_or("warn");
+  capalloc::set_log_level("off").IgnoreError();
+  struct RestoreLevel {
+    std::string level;
+    ~RestoreLevel() { capalloc::set_log_level(level).IgnoreError(); }
+  } restore{level};
   const auto start = std::chrono::steady_clock::now();
   // The clean run: no fault, every check, and the counts.
   Harness clean(FaultPlan{});
@@ -775,7 +790,9 @@ void sweep(const char* name, Scenario scenario, std::uint64_t cap, bool determin
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::vector<std::string> outcomes;
-  for (const auto& [outcome, n] : totals.outcomes) outcomes.push_back(absl::StrCat(n, " ", outcome));
+  for (const auto& [outcome, n] : totals.outcomes) {
+    outcomes.push_back(absl::StrCat(n, " ", outcome));
+  }
   WARN(absl::StrFormat(
       "fault injection, %s: %d fault points swept in %.1f s (swept/calls per category: %s); "
       "outcomes: %s; %d failing",

@@ -75,11 +75,13 @@ const GemmInputs& gemm_inputs() {
       for (int j = 0; j < N; ++j) {
         double sum = 0;
         for (int k = 0; k < K; ++k) {
-          sum += static_cast<double>(detail::fp8_e4m3_to_float(a[static_cast<std::size_t>(i) * K + k])) *
-                 detail::fp8_e4m3_to_float(b[static_cast<std::size_t>(j) * K + k]);
+          const std::uint8_t av = a[static_cast<std::size_t>(i) * K + k];
+          const std::uint8_t bv = b[static_cast<std::size_t>(j) * K + k];
+          sum += static_cast<double>(detail::fp8_e4m3_to_float(av)) * detail::fp8_e4m3_to_float(bv);
         }
         const float value = static_cast<float>(sum * xs[i] * wsc[j]);
-        ref[static_cast<std::size_t>(i) * N + j] = detail::bf16_to_float(detail::float_to_bf16(value));
+        ref[static_cast<std::size_t>(i) * N + j] =
+            detail::bf16_to_float(detail::float_to_bf16(value));
       }
     }
     return in;
