@@ -824,7 +824,8 @@ TEST_CASE("issue 11: injected runtime faults in a random sequence reach the oper
   sweep(name.c_str(), random_scenario, 40, false);
 }
 
-TEST_CASE("the fault-injecting runtime numbers calls per category and fails the one asked",
+TEST_CASE("issue 11: the fault-injecting runtime numbers calls per category and fails the "
+          "one asked",
           "[faults][issue11]") {
   capalloc::HostRuntimeOptions options;
   auto rt = std::make_shared<FaultInjectingRuntime>(capalloc::make_host_runtime(options).value(),
