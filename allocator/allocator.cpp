@@ -30,13 +30,27 @@ using detail::Pool;
 
 
 Allocator::Impl::~Impl() {
-  for (const auto& p : pending) runtime->destroy_event(p.event).IgnoreError();
+  // The last chance to give these back: what the runtime fails to take is
+  // left to it (a failed cudaFree frees nothing), and said.
+  auto destroy_event = [&](EventHandle e) {
+    if (absl::Status s = runtime->destroy_event(e); !s.ok()) {
+      detail::log().error("allocator teardown: destroying event {:#x} failed, left to the "
+                          "runtime: {}",
+                          e, s.ToString());
+    }
+  };
+  for (const auto& p : pending) destroy_event(p.event);
   for (std::size_t d = 0; d < devices.size(); ++d) {
     detail::DeviceState& state = devices[d];
-    for (EventHandle e : state.spare_events) runtime->destroy_event(e).IgnoreError();
+    for (EventHandle e : state.spare_events) destroy_event(e);
     for (const auto& [base, segment] : state.segments) {
-      runtime->release(static_cast<int>(d), reinterpret_cast<void*>(base), segment->size)
-          .IgnoreError();
+      if (absl::Status s = runtime->release(static_cast<int>(d), reinterpret_cast<void*>(base),
+                                            segment->size);
+          !s.ok()) {
+        detail::log().error("allocator teardown: releasing segment {:#x} of {} bytes on device "
+                            "{} failed, left to the runtime: {}",
+                            base, segment->size, d, s.ToString());
+      }
     }
   }
   live.clear();

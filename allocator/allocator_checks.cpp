@@ -130,7 +130,9 @@ absl::Status Allocator::CheckInvariants() const {
                                                 std::string(s.message())));
       }
       pool_segments += pool->segments().size();
-      if (pool->is_graph_pool() && !pool->referenced() && pool->blocks_in_use() == 0) {
+      // Unless it keeps segments it could not give back (maybe_destroy_pool).
+      if (pool->is_graph_pool() && !pool->referenced() && pool->blocks_in_use() == 0 &&
+          (!pool->kept_for_segments || pool->segments().empty())) {
         return absl::InternalError(absl::StrFormat(
             "device %d: graph pool %d has no reference and no block yet was not destroyed", d,
             pool->handle()));
