@@ -82,10 +82,28 @@ const char* status_name(capalloc_status s) {
   return "(not a capalloc_status)";
 }
 
+// CAPALLOC_FUZZ_TRACE=1 prints every call and its status: for reading a
+// crashing input (run the fuzzer binary on the file alone).
+bool g_trace = false;
+
+__attribute__((format(printf, 1, 2))) void tracef(const char* fmt, ...) {
+  if (!g_trace) return;
+  va_list args;
+  va_start(args, fmt);
+  std::fprintf(stderr, "    ");
+  std::vfprintf(stderr, fmt, args);
+  std::fprintf(stderr, "\n");
+  va_end(args);
+}
+
 // Checks what every status-returning call promises: a known code, an empty
 // last error on success and a message on failure; then `expect`.
 capalloc_status checked(capalloc_status s, Expect expect, const char* what) {
   const char* err = capalloc_last_error();
+  if (g_trace) {
+    std::fprintf(stderr, "  %s -> %s%s%s\n", what, status_name(s), s == CAPALLOC_OK ? "" : ": ",
+                 err == nullptr ? "(null)" : err);
+  }
   if (err == nullptr) die("%s: capalloc_last_error() returned NULL", what);
   const std::size_t len = std::strlen(err);
   switch (s) {
@@ -459,6 +477,7 @@ void op_malloc(FuzzedDataProvider& in, State& st) {
     p = capalloc_torch_malloc(size, 0, stream);
     s = p == nullptr ? CAPALLOC_ERROR_OUT_OF_MEMORY : CAPALLOC_OK;
   }
+  tracef("%s(%zu, stream %p) = %p", what, size, stream, p);
   if (s != CAPALLOC_OK) return;
   Block& b = add_block(st, p, size, what);
   // Blocks of captures belong to their graphs: left alone.
@@ -472,6 +491,7 @@ void op_free(FuzzedDataProvider& in, State& st) {
   const std::uintptr_t addr = b->addr;
   const bool owned = b->owned;
   const int how = in.ConsumeIntegralInRange<int>(0, 3);
+  tracef("free %p (%zu bytes)%s", reinterpret_cast<void*>(addr), b->size, how == 3 ? " by torch_free" : "");
   if (how == 3) {
     // PyTorch's free: void; the stats say whether it happened.
     const capalloc_stats before = stats_now("torch_free");
@@ -576,14 +596,16 @@ void op_record_stream(FuzzedDataProvider& in, State& st) {
   if (!bad) {
     const Block* b = pick_block(in, st, true);
     if (b == nullptr) return;
-    CALL(Expect::kAny, capalloc_record_stream(reinterpret_cast<void*>(b->addr),
-                                              pick_live_stream(in, st)));
+    void* s = pick_live_stream(in, st);
+    tracef("record_stream %p on stream %p", reinterpret_cast<void*>(b->addr), s);
+    CALL(Expect::kAny, capalloc_record_stream(reinterpret_cast<void*>(b->addr), s));
     return;
   }
   if (in.ConsumeBool()) {
     const Block* b = pick_block(in, st, true);
     const auto s = pick_bad_stream(in, st);
     if (b == nullptr || !s) return;
+    tracef("record_stream %p on bad stream %p", reinterpret_cast<void*>(b->addr), *s);
     CALL(Expect::kError, capalloc_record_stream(reinterpret_cast<void*>(b->addr), *s));
   } else {
     void* p = in.ConsumeBool() ? pick_bad_pointer(in, st) : nullptr;
@@ -605,6 +627,7 @@ void op_stream(FuzzedDataProvider& in, State& st) {
           die("capalloc_stream_create returned %p, a handle in use or destroyed", s);
         }
         st.streams.push_back(s);
+        tracef("stream %p created", s);
       }
       return;
     }
@@ -612,6 +635,7 @@ void op_stream(FuzzedDataProvider& in, State& st) {
       if (st.streams.empty()) return;
       const std::size_t i = in.ConsumeIntegralInRange<std::size_t>(0, st.streams.size() - 1);
       void* s = st.streams[i];
+      tracef("destroy stream %p", s);
       const bool capturing = st.capturing.count(s) != 0;
       const capalloc_status r =
           CALL(capturing ? Expect::kError : Expect::kAny, capalloc_stream_destroy(s));
@@ -706,6 +730,7 @@ void op_capture_begin(FuzzedDataProvider& in, State& st) {
       pool = st.pools[in.ConsumeIntegralInRange<std::size_t>(0, st.pools.size() - 1)];
     }
     const bool already = st.capturing.count(s) != 0;
+    tracef("capture on stream %p into pool %llu", s, static_cast<unsigned long long>(pool));
     if (CALL(already ? Expect::kError : Expect::kAny, capalloc_capture_begin(0, s, pool, label_arg)) ==
         CAPALLOC_OK) {
       st.capturing.insert(s);
@@ -743,6 +768,7 @@ void op_capture_end(FuzzedDataProvider& in, State& st) {
     auto it = st.capturing.begin();
     std::advance(it, in.ConsumeIntegralInRange<std::size_t>(0, st.capturing.size() - 1));
     void* s = *it;
+    tracef("end capture on stream %p", s);
     std::uint64_t graph = 0;
     const capalloc_status r =
         CALL(Expect::kAny, capalloc_capture_end(s, &graph, want_json ? &json : nullptr));
@@ -1060,6 +1086,7 @@ void op_misc(FuzzedDataProvider& in, State& st) {
 // Releases everything the input created; afterwards the allocator must hold
 // nothing.
 void teardown(State& st) {
+  if (g_trace) std::fprintf(stderr, "teardown\n");
   std::uint64_t graph = 0;
   // Captures first: their streams cannot be destroyed, nor their blocks'
   // frees completed, while they run.
@@ -1109,6 +1136,11 @@ void teardown(State& st) {
     checked(capalloc_stream_destroy(s), Expect::kOk, "teardown: capalloc_stream_destroy");
   }
   st.streams.clear();
+  // Frees used on the default stream (record_stream) wait for its work to
+  // run; empty_cache waits for nothing, so run it first. Destroyed streams
+  // ran their work when destroyed.
+  checked(capalloc_stream_synchronize(nullptr), Expect::kOk,
+          "teardown: capalloc_stream_synchronize(default stream)");
   checked(capalloc_empty_cache(-1), Expect::kOk, "teardown: capalloc_empty_cache(-1)");
   check_all(st, "teardown");
   const capalloc_stats s = stats_now("teardown");
@@ -1131,6 +1163,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   ::setenv("CAPALLOC_RUNTIME", "host", 1);
   if (std::getenv("CAPALLOC_LOG_LEVEL") == nullptr) ::setenv("CAPALLOC_LOG_LEVEL", "off", 1);
   ::unsetenv("CAPALLOC_STRICT");
+  g_trace = std::getenv("CAPALLOC_FUZZ_TRACE") != nullptr;
   if (const char* name = capalloc_runtime_name(); name == nullptr || std::strcmp(name, "host") != 0) {
     std::fprintf(stderr, "c_api_fuzzer: the host runtime did not start: %s\n", capalloc_last_error());
     std::abort();
@@ -1148,6 +1181,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   constexpr int kOps = static_cast<int>(sizeof(kOpNames) / sizeof(kOpNames[0]));
   for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
     const int op = in.ConsumeIntegralInRange<int>(0, kOps - 1);
+    if (g_trace) {
+      std::fprintf(stderr, "op %d: %s (live blocks %zu, streams %zu, capturing %zu)\n", n,
+                   kOpNames[op], st.live.size(), st.streams.size(), st.capturing.size());
+    }
     switch (op) {
       case 0: op_malloc(in, st); break;
       case 1: op_free(in, st); break;
