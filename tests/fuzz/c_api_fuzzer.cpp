@@ -43,7 +43,9 @@
 #include <utility>
 #include <vector>
 
+#include "c_api/global.hpp"
 #include "capalloc/capalloc.h"
+#include "capalloc/runtime.hpp"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -137,6 +139,7 @@ capalloc_status checked(capalloc_status s, Expect expect, const char* what) {
 
 void require_json(const char* json, const char* what, bool array) {
   if (json == nullptr) die("%s: JSON pointer left NULL", what);
+  tracef("%s JSON: %.300s", what, json);
   const auto parsed = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) die("%s returned text that is not JSON: %.400s", what, json);
   if (array && !parsed.is_array()) die("%s returned JSON that is not an array: %.400s", what, json);
@@ -168,7 +171,7 @@ struct TorchPoolModel {
 struct State {
   std::map<std::uintptr_t, Block> live;  // every block of the allocator: all are ours
   std::size_t live_bytes = 0;
-  std::vector<std::uintptr_t> freed;     // recently freed addresses (double frees)
+  std::vector<std::pair<std::uintptr_t, std::size_t>> freed;  // recently freed blocks
   std::vector<void*> streams;            // created, not destroyed
   std::vector<void*> dead_streams;       // destroyed (never reused: handles count up)
   std::set<void*> capturing;             // streams with a capture we began, not ended
@@ -245,7 +248,9 @@ Block& add_block(State& st, void* ptr, std::size_t size, const char* what) {
   b.addr = addr;
   b.size = size;
   st.live_bytes += size;
-  st.freed.erase(std::remove(st.freed.begin(), st.freed.end(), addr), st.freed.end());
+  st.freed.erase(std::remove_if(st.freed.begin(), st.freed.end(),
+                                [&](const auto& f) { return f.first == addr; }),
+                 st.freed.end());
   return st.live.emplace(addr, b).first->second;
 }
 
@@ -253,9 +258,10 @@ void remove_block(State& st, std::uintptr_t addr) {
   auto it = st.live.find(addr);
   if (it == st.live.end()) die("model: removing unknown block %p", reinterpret_cast<void*>(addr));
   st.live_bytes -= it->second.size;
+  const std::size_t size = it->second.size;
   st.live.erase(it);
   if (st.freed.size() >= 32) st.freed.erase(st.freed.begin());
-  st.freed.push_back(addr);
+  st.freed.emplace_back(addr, size);
 }
 
 capalloc_stats stats_now(const char* when) {
@@ -447,6 +453,17 @@ std::pair<std::uint64_t, std::uint64_t> pick_torch_pool(FuzzedDataProvider& in) 
 
 // --- Operations ----------------------------------------------------------------
 
+// A graph capalloc_capture_end just returned: new, and not 0.
+void add_graph(State& st, std::uint64_t graph) {
+  if (graph == 0) die("capalloc_capture_end returned graph 0");
+  if (std::find(st.graphs.begin(), st.graphs.end(), graph) != st.graphs.end() ||
+      std::find(st.dead_graphs.begin(), st.dead_graphs.end(), graph) != st.dead_graphs.end()) {
+    die("capalloc_capture_end returned graph %llu, already used",
+        static_cast<unsigned long long>(graph));
+  }
+  st.graphs.push_back(graph);
+}
+
 bool any_capture(const State& st) { return !st.capturing.empty(); }
 
 // Allocations through capalloc_malloc, capalloc_malloc_tagged and
@@ -526,7 +543,7 @@ void op_free_bad(FuzzedDataProvider& in, State& st) {
     case 1: {  // double free
       if (st.freed.empty()) return;
       const std::uintptr_t addr =
-          st.freed[in.ConsumeIntegralInRange<std::size_t>(0, st.freed.size() - 1)];
+          st.freed[in.ConsumeIntegralInRange<std::size_t>(0, st.freed.size() - 1)].first;
       if (block_containing(st, addr) != nullptr) return;  // handed out again since
       CALL(Expect::kError, capalloc_free(reinterpret_cast<void*>(addr)));
       return;
@@ -776,13 +793,7 @@ void op_capture_end(FuzzedDataProvider& in, State& st) {
     // the teardown) says if it did not.
     st.capturing.erase(it);
     if (r == CAPALLOC_OK) {
-      if (graph == 0) die("capalloc_capture_end returned graph 0");
-      if (std::find(st.graphs.begin(), st.graphs.end(), graph) != st.graphs.end() ||
-          std::find(st.dead_graphs.begin(), st.dead_graphs.end(), graph) != st.dead_graphs.end()) {
-        die("capalloc_capture_end returned graph %llu, already used",
-            static_cast<unsigned long long>(graph));
-      }
-      st.graphs.push_back(graph);
+      add_graph(st, graph);
       if (want_json) require_json(json, "capalloc_capture_end", true);
     }
     return;
@@ -1081,6 +1092,222 @@ void op_misc(FuzzedDataProvider& in, State& st) {
   }
 }
 
+// --- Kernels ---------------------------------------------------------------------
+// The C ABI has no way to launch work, and a graph of allocations alone
+// writes nothing: its write record is empty and the alias rule, findings
+// and waivers have nothing to judge. So, as tests/c_api_internal_test.cpp
+// does, kernels and memsets go to the process-wide runtime directly
+// (c_api/global.hpp). Kernels declare spans (reads, writes, in-place
+// updates, state) or carry pointers in their parameters, and have no body:
+// they feed the tracker without changing memory. Memsets do write, and only
+// into blocks allocated in the capture they are recorded in, so that their
+// replays write graph memory only; a pattern that changes in a block outside
+// captures then means a replay wrote memory the graph no longer owns.
+
+capalloc::DeviceRuntime& device_runtime() {
+  static capalloc::DeviceRuntime* rt = [] {
+    auto global = capalloc::detail::global_capalloc();
+    if (!global.ok() || global->allocator->device_runtime() == nullptr) {
+      die("the process-wide allocator has no device runtime");
+    }
+    return global->allocator->device_runtime();
+  }();
+  return *rt;
+}
+
+// A span inside a live block, or of a freed one (a stale access).
+std::optional<capalloc::MemorySpan> pick_span(FuzzedDataProvider& in, const State& st) {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  if (!st.freed.empty() && in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    const auto& f = st.freed[in.ConsumeIntegralInRange<std::size_t>(0, st.freed.size() - 1)];
+    base = f.first;
+    size = f.second;
+  } else {
+    const Block* b = pick_block(in, st, true);
+    if (b == nullptr) return std::nullopt;
+    base = b->addr;
+    size = b->size;
+  }
+  if (in.ConsumeBool()) return capalloc::MemorySpan{reinterpret_cast<const void*>(base), size};
+  const std::size_t offset = in.ConsumeIntegralInRange<std::size_t>(0, size - 1);
+  const std::size_t bytes = in.ConsumeIntegralInRange<std::size_t>(1, size - offset);
+  return capalloc::MemorySpan{reinterpret_cast<const void*>(base + offset), bytes};
+}
+
+void launch_bodiless_kernel(FuzzedDataProvider& in, const State& st, void* stream) {
+  capalloc::KernelLaunch k;
+  k.name = pick_key(in);
+  k.host_body = [] {};
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    // No declared access: the runtime inspects the parameters for pointers.
+    const int words = in.ConsumeIntegralInRange<int>(1, 6);
+    for (int i = 0; i < words; ++i) {
+      std::uintptr_t word = in.ConsumeIntegral<std::uintptr_t>();
+      if (in.ConsumeBool()) {
+        if (const auto span = pick_span(in, st)) word = span->begin();
+      }
+      const auto* bytes = reinterpret_cast<const std::byte*>(&word);
+      k.params.insert(k.params.end(), bytes, bytes + sizeof(word));
+    }
+  } else {
+    const int spans = in.ConsumeIntegralInRange<int>(1, 4);
+    for (int i = 0; i < spans; ++i) {
+      const auto span = pick_span(in, st);
+      if (!span) break;
+      switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+        case 0: k.reads.push_back(*span); break;
+        case 1: k.writes.push_back(*span); break;
+        case 2: k.updates.push_back(*span); break;
+        default: k.state.push_back(*span); break;
+      }
+    }
+  }
+  tracef("kernel \"%s\" on stream %p: %zu reads, %zu writes, %zu updates, %zu state, %zu "
+         "parameter bytes",
+         k.name.c_str(), stream, k.reads.size(), k.writes.size(), k.updates.size(),
+         k.state.size(), k.params.size());
+  device_runtime()
+      .launch_kernel(reinterpret_cast<capalloc::StreamHandle>(stream), std::move(k))
+      .IgnoreError();
+}
+
+void op_kernel(FuzzedDataProvider& in, State& st) {
+  void* stream = nullptr;
+  if (!st.capturing.empty() && in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+    auto it = st.capturing.begin();
+    std::advance(it, in.ConsumeIntegralInRange<std::size_t>(0, st.capturing.size() - 1));
+    stream = *it;
+  } else {
+    stream = pick_live_stream(in, st);
+  }
+  launch_bodiless_kernel(in, st, stream);
+}
+
+// A whole capture at once (the separate begin and end operations rarely
+// line up with allocations in between): begin on a stream, a few
+// allocations, frees and replays on it, then usually the end. Captures into
+// a shared pool reuse each other's memory, which is what findings are made
+// of.
+void op_capture_scenario(FuzzedDataProvider& in, State& st) {
+  if (st.streams.size() < kMaxStreams && (st.streams.empty() || in.ConsumeBool())) {
+    void* s = nullptr;
+    if (CALL(Expect::kAny, capalloc_stream_create(0, &s)) == CAPALLOC_OK) st.streams.push_back(s);
+  }
+  std::vector<void*> idle;
+  for (void* s : st.streams) {
+    if (st.capturing.count(s) == 0) idle.push_back(s);
+  }
+  if (idle.empty()) return;
+  void* s = idle[in.ConsumeIntegralInRange<std::size_t>(0, idle.size() - 1)];
+  std::uint64_t pool = 0;
+  switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+    case 0:
+      break;
+    case 1:
+      if (!st.pools.empty()) {
+        pool = st.pools[in.ConsumeIntegralInRange<std::size_t>(0, st.pools.size() - 1)];
+        break;
+      }
+      [[fallthrough]];
+    default:
+      if (st.pools.size() < 8 && CALL(Expect::kAny, capalloc_pool_create(0, &pool)) == CAPALLOC_OK) {
+        st.pools.push_back(pool);
+      } else {
+        pool = 0;
+      }
+      break;
+  }
+  tracef("capture scenario on stream %p into pool %llu", s, static_cast<unsigned long long>(pool));
+  if (CALL(Expect::kAny, capalloc_capture_begin(0, s, pool, "scenario")) != CAPALLOC_OK) return;
+  st.capturing.insert(s);
+  std::vector<std::uintptr_t> mine;  // allocated in this capture, still live
+  const int steps = in.ConsumeIntegralInRange<int>(1, 10);
+  for (int i = 0; i < steps; ++i) {
+    switch (in.ConsumeIntegralInRange<int>(0, 6)) {
+      case 0:
+      case 1:
+      case 2: {
+        const std::size_t size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 8192)
+                                                  : pick_size(in);
+        if (st.live.size() >= kMaxBlocks || st.live_bytes + size > kLiveBytesCap) break;
+        void* p = nullptr;
+        if (in.ConsumeBool()) {
+          const std::string tag = pick_key(in);
+          if (CALL(Expect::kAny, capalloc_malloc_tagged(&p, size, 0, s, tag.c_str(), 0)) !=
+              CAPALLOC_OK) {
+            break;
+          }
+        } else if (CALL(Expect::kAny, capalloc_malloc(&p, size, 0, s)) != CAPALLOC_OK) {
+          break;
+        }
+        tracef("  capture malloc(%zu) = %p", size, p);
+        add_block(st, p, size, "capalloc_malloc (capturing)");
+        mine.push_back(reinterpret_cast<std::uintptr_t>(p));
+        break;
+      }
+      case 3: {  // free one of this capture's blocks
+        if (mine.empty()) break;
+        const std::size_t j = in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1);
+        tracef("  capture free %p", reinterpret_cast<void*>(mine[j]));
+        if (CALL(Expect::kAny, capalloc_free(reinterpret_cast<void*>(mine[j]))) == CAPALLOC_OK) {
+          remove_block(st, mine[j]);
+        }
+        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(j));
+        break;
+      }
+      case 4: {  // free (or use) a block from outside the capture
+        const Block* b = pick_block(in, st, false);
+        if (b == nullptr) break;
+        const std::uintptr_t addr = b->addr;
+        if (in.ConsumeBool()) {
+          CALL(Expect::kAny, capalloc_record_stream(reinterpret_cast<void*>(addr), s));
+          break;
+        }
+        verify_pattern(*b, "before free (during a capture)");
+        if (CALL(Expect::kAny, capalloc_free(reinterpret_cast<void*>(addr))) == CAPALLOC_OK) {
+          remove_block(st, addr);
+          mine.erase(std::remove(mine.begin(), mine.end(), addr), mine.end());
+        }
+        break;
+      }
+      case 5: {  // work: a memset of this capture's blocks, or a kernel
+        if (!mine.empty() && in.ConsumeBool()) {
+          const Block& b =
+              st.live.at(mine[in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1)]);
+          const std::size_t offset = in.ConsumeIntegralInRange<std::size_t>(0, b.size - 1);
+          const std::size_t bytes = in.ConsumeIntegralInRange<std::size_t>(1, b.size - offset);
+          tracef("  memset %p + %zu, %zu bytes", reinterpret_cast<void*>(b.addr), offset, bytes);
+          device_runtime()
+              .memset_async(reinterpret_cast<void*>(b.addr + offset), in.ConsumeIntegral<std::uint8_t>(),
+                            bytes, reinterpret_cast<capalloc::StreamHandle>(s))
+              .IgnoreError();
+        } else {
+          launch_bodiless_kernel(in, st, s);
+        }
+        break;
+      }
+      default: {  // a graph launched into the capture
+        if (st.graphs.empty()) break;
+        const std::uint64_t g =
+            st.graphs[in.ConsumeIntegralInRange<std::size_t>(0, st.graphs.size() - 1)];
+        CALL(Expect::kAny, capalloc_graph_replay(g, s));
+        break;
+      }
+    }
+    check_all(st, "a capture scenario's step");
+  }
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0) return;  // left open
+  std::uint64_t graph = 0;
+  const char* json = nullptr;
+  const capalloc_status r = CALL(Expect::kAny, capalloc_capture_end(s, &graph, &json));
+  st.capturing.erase(s);
+  if (r != CAPALLOC_OK) return;
+  add_graph(st, graph);
+  require_json(json, "capalloc_capture_end", true);
+  if (in.ConsumeBool()) CALL(Expect::kAny, capalloc_graph_replay(graph, pick_live_stream(in, st)));
+}
+
 // --- Teardown --------------------------------------------------------------------
 
 // Releases everything the input created; afterwards the allocator must hold
@@ -1091,7 +1318,7 @@ void teardown(State& st) {
   // Captures first: their streams cannot be destroyed, nor their blocks'
   // frees completed, while they run.
   for (void* s : st.capturing) {
-    if (capalloc_capture_end(s, &graph, nullptr) == CAPALLOC_OK) st.graphs.push_back(graph);
+    if (capalloc_capture_end(s, &graph, nullptr) == CAPALLOC_OK) add_graph(st, graph);
   }
   st.capturing.clear();
   checked(capalloc_set_strict(0), Expect::kOk, "teardown: capalloc_set_strict(0)");
@@ -1177,7 +1404,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const char* const kOpNames[] = {
       "malloc",        "free",        "free(bad)",    "malloc(bad)",    "record_stream",
       "stream",        "pool",        "capture_begin", "capture_end",   "graph",
-      "persistent",    "torch_pool",  "misc"};
+      "persistent",    "torch_pool",  "misc",         "capture_scenario", "kernel"};
   constexpr int kOps = static_cast<int>(sizeof(kOpNames) / sizeof(kOpNames[0]));
   for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
     const int op = in.ConsumeIntegralInRange<int>(0, kOps - 1);
@@ -1198,7 +1425,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 9: op_graph(in, st); break;
       case 10: op_persistent(in, st); break;
       case 11: op_torch_pool(in, st); break;
-      default: op_misc(in, st); break;
+      case 12: op_misc(in, st); break;
+      case 13: op_capture_scenario(in, st); break;
+      default: op_kernel(in, st); break;
     }
     check_all(st, kOpNames[op]);
   }
