@@ -298,3 +298,38 @@ TEST_CASE("C ABI: a graph pool kept for another graph's record passes the invari
   CHECK(after.segments == before.segments);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
+
+// Found by tests/fuzz/c_api_fuzzer: the tracker ends the routes of native
+// captures it finds over (any check, another pool's end hook); PyTorch's end
+// hook then got NOT_FOUND from the allocator for that route, the begin stayed
+// underway for good, and the pool could never be released.
+TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the capture's route",
+          "[c_api][torch][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 31, 0, nullptr, nullptr) == CAPALLOC_OK);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  void* p = capalloc_torch_malloc(4096, 0, side);
+  REQUIRE(p != nullptr);
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  // A check between the capture's end and PyTorch's end hook.
+  const char* json = nullptr;
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 31, 0, &json) == CAPALLOC_OK);
+  INFO(capalloc_last_error());
+  CHECK(capalloc_torch_release_pool(0, 31, 0) == CAPALLOC_OK);
+  uint64_t pool = 0;
+  CHECK(capalloc_torch_pool(0, 31, 0, &pool, nullptr) == CAPALLOC_ERROR_NOT_FOUND);
+
+  capalloc_torch_free(p, 4096, 0, side);
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}
