@@ -396,14 +396,18 @@ absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   std::lock_guard lock(m.mu);
   auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == m.live.end()) return m.diagnose_unknown(ptr, "record_stream");
+  // Validate the stream first, even one the block already names (its own
+  // stream, or one recorded before): that stream may have been destroyed
+  // since, and a destroyed stream is refused like any unknown one. An
+  // unusable stream discovered at free time would leave the block
+  // impossible to free. (check_stream only forgets destroyed streams; the
+  // block stays where it is.)
+  if (absl::Status s = m.check_stream(stream, "record_stream"); !s.ok()) return s;
   Block* block = it->second;
   if (stream == block->segment->stream) return absl::OkStatus();
   if (std::find(block->used_on.begin(), block->used_on.end(), stream) != block->used_on.end()) {
     return absl::OkStatus();
   }
-  // Validate the stream now: an unusable stream discovered at free time would
-  // leave the block impossible to free.
-  if (absl::Status s = m.check_stream(stream, "record_stream"); !s.ok()) return s;
   block->used_on.push_back(stream);
   return absl::OkStatus();
 }

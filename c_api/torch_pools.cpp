@@ -174,11 +174,17 @@ capalloc_status capalloc_torch_end_allocate_to_pool(int device, uint64_t pool_a,
             " (an end without a begin, or a second end)"));
       }
       // Ends each route; a capture still active refuses, and the begin stays
-      // underway with the routes not yet ended.
+      // underway with the routes not yet ended. A route the tracker already
+      // ended is ended: the tracker ends the routes of captures it finds over
+      // (CaptureTracker::check, the capture-end hook of another pool's end),
+      // and that must not leave this begin underway for good.
       auto& captures = underway.front().captures;
       while (!captures.empty()) {
         const capalloc::CaptureId id = captures.front();
-        if (absl::Status s = g.allocator->end_allocate_to_pool(id); !s.ok()) return s;
+        if (absl::Status s = g.allocator->end_allocate_to_pool(id);
+            !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+          return s;
+        }
         captures.erase(captures.begin());
         tp.routed.erase(id);
         ended.push_back(id);

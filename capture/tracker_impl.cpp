@@ -402,8 +402,6 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
 
 namespace capalloc {
 
-thread_local int CaptureTracker::Impl::self_calls = 0;
-
 void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
   // The tracker's own end_allocate_to_pool calls hold mu; they need nothing.
   if (self_calls > 0) return;

@@ -128,8 +128,11 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   mutable std::mutex pins_mu;
   detail::WriteIndex pinned;  // guarded by pins_mu
   // Set while this thread calls the allocator's end_allocate_to_pool with mu
-  // held: its hook then has nothing to do (and must not take mu).
-  static thread_local int self_calls;
+  // held: its hook then has nothing to do (and must not take mu). Defined
+  // here (inline, constant-initialised) so that no source file needs a TLS
+  // init function from another: clang references one for a thread_local
+  // defined elsewhere, which a hidden-visibility PIE link cannot resolve.
+  static inline thread_local int self_calls = 0;
   struct SelfCall {
     SelfCall() { ++self_calls; }
     ~SelfCall() { --self_calls; }

@@ -249,3 +249,87 @@ TEST_CASE("C ABI: PyTorch's pool hooks route captures, share pools and check at 
   CHECK(invariants == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
+
+// Found by tests/fuzz/c_api_fuzzer: a graph pool whose last reference and
+// block are gone stays (with its segments) while another live graph's record
+// reads its memory, as Allocator::Impl::maybe_destroy_pool intends; the
+// invariant check called that state a bug (CAPALLOC_ERROR_INTERNAL).
+TEST_CASE("C ABI: a graph pool kept for another graph's record passes the invariant check",
+          "[c_api][capture][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  capalloc_stats before{};
+  REQUIRE(capalloc_get_stats(0, &before) == CAPALLOC_OK);
+
+  // Graph A's private pool holds X, live after A's capture.
+  REQUIRE(capalloc_capture_begin(0, side, 0, "A") == CAPALLOC_OK);
+  void* x = nullptr;
+  REQUIRE(capalloc_malloc(&x, 4096, 0, side) == CAPALLOC_OK);
+  uint64_t a = 0;
+  REQUIRE(capalloc_capture_end(side, &a, nullptr) == CAPALLOC_OK);
+  // Graph B (another private pool) reads X: B's record names A's memory.
+  REQUIRE(capalloc_capture_begin(0, side, 0, "B") == CAPALLOC_OK);
+  capalloc::KernelLaunch read_x{.name = "read_x", .reads = {{x, 4096}}, .host_body = [] {}};
+  REQUIRE_OK(rt.launch_kernel(stream, std::move(read_x)));
+  uint64_t b = 0;
+  REQUIRE(capalloc_capture_end(side, &b, nullptr) == CAPALLOC_OK);
+
+  // A's pool loses its graph and its block; B's record keeps its segment.
+  REQUIRE(capalloc_graph_destroy(a) == CAPALLOC_OK);
+  REQUIRE(capalloc_free(x) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+  INFO(capalloc_last_error());
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+
+  // Once B is gone, empty_cache returns the memory, and the pool goes.
+  REQUIRE(capalloc_graph_destroy(b) == CAPALLOC_OK);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+  capalloc_stats after{};
+  REQUIRE(capalloc_get_stats(0, &after) == CAPALLOC_OK);
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+  CHECK(after.segments == before.segments);
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+}
+
+// Found by tests/fuzz/c_api_fuzzer: the tracker ends the routes of native
+// captures it finds over (any check, another pool's end hook); PyTorch's end
+// hook then got NOT_FOUND from the allocator for that route, the begin stayed
+// underway for good, and the pool could never be released.
+TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the capture's route",
+          "[c_api][torch][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 31, 0, nullptr, nullptr) == CAPALLOC_OK);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  void* p = capalloc_torch_malloc(4096, 0, side);
+  REQUIRE(p != nullptr);
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  // A check between the capture's end and PyTorch's end hook.
+  const char* json = nullptr;
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 31, 0, &json) == CAPALLOC_OK);
+  INFO(capalloc_last_error());
+  CHECK(capalloc_torch_release_pool(0, 31, 0) == CAPALLOC_OK);
+  uint64_t pool = 0;
+  CHECK(capalloc_torch_pool(0, 31, 0, &pool, nullptr) == CAPALLOC_ERROR_NOT_FOUND);
+
+  capalloc_torch_free(p, 4096, 0, side);
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}

@@ -148,3 +148,34 @@ TEST_CASE("C ABI: PyTorch's pool hooks refuse bad input and change nothing", "[c
   CHECK((strict >= 0 && strict <= 2));
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }
+
+// Found by tests/fuzz/c_api_fuzzer: record_stream accepted a destroyed stream
+// when the block already named it (the stream it was allocated on, or one
+// recorded before), skipping the check every stream-taking call makes.
+TEST_CASE("C ABI: record_stream refuses a destroyed stream the block already names",
+          "[c_api][fuzz]") {
+  use_host_runtime();
+  const capalloc_stats before = stats_now();
+  void* own = nullptr;
+  void* other = nullptr;
+  REQUIRE(capalloc_stream_create(0, &own) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_create(0, &other) == CAPALLOC_OK);
+  void* p = nullptr;
+  REQUIRE(capalloc_malloc(&p, 4096, 0, own) == CAPALLOC_OK);
+  REQUIRE(capalloc_record_stream(p, other) == CAPALLOC_OK);
+  REQUIRE(capalloc_record_stream(p, own) == CAPALLOC_OK);  // its own stream: a no-op
+
+  // The stream the block was allocated on, destroyed.
+  REQUIRE(capalloc_stream_destroy(own) == CAPALLOC_OK);
+  CHECK(capalloc_record_stream(p, own) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(capalloc_last_error()).find("not a live stream") != std::string::npos);
+  // A stream recorded before, destroyed.
+  REQUIRE(capalloc_stream_destroy(other) == CAPALLOC_OK);
+  CHECK(capalloc_record_stream(p, other) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  // The default stream is always there; the block still frees.
+  CHECK(capalloc_record_stream(p, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_free(p) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_synchronize(nullptr) == CAPALLOC_OK);
+  CHECK(stats_now().allocated_blocks == before.allocated_blocks);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}
