@@ -29,10 +29,10 @@
 // The count of fault points swept is printed (WARN) per scenario; see
 // docs/fault-injection.md for the counts and the outcomes.
 //
-// Environment, for longer sweeps: CAPALLOC_FAULTS_CAP=<n> points per
-// category (0: every call), CAPALLOC_FAULTS_COUNT=<k> calls failed in a row
-// (a sticky error), CAPALLOC_FAULTS_SEED and CAPALLOC_FAULTS_OPS for the
-// random sequence, CAPALLOC_FAULTS_VERBOSE=1 for one line per point.
+// Environment, for longer sweeps: FAULT_SWEEP_CAP=<n> points per
+// category (0: every call), FAULT_SWEEP_COUNT=<k> calls failed in a row
+// (a sticky error), FAULT_SWEEP_SEED and FAULT_SWEEP_OPS for the
+// random sequence, FAULT_SWEEP_VERBOSE=1 for one line per point.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -543,13 +543,13 @@ class RandomSequence {
   } capture_;
 };
 
-// CAPALLOC_FAULTS_SEED and CAPALLOC_FAULTS_OPS choose another sequence.
+// FAULT_SWEEP_SEED and FAULT_SWEEP_OPS choose another sequence.
 std::uint64_t env_or(const char* name, std::uint64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
 }
-const std::uint64_t kRandomSeed = env_or("CAPALLOC_FAULTS_SEED", 11);
-const std::size_t kRandomOps = env_or("CAPALLOC_FAULTS_OPS", 1000);
+const std::uint64_t kRandomSeed = env_or("FAULT_SWEEP_SEED", 11);
+const std::size_t kRandomOps = env_or("FAULT_SWEEP_OPS", 1000);
 
 absl::Status random_scenario(Harness& h) {
   return RandomSequence(h, kRandomSeed, kRandomOps).run();
@@ -695,7 +695,7 @@ void run_point(const char* scenario_name, Scenario scenario, const FaultPlan& pl
   }
 
   ++totals.outcomes[outcome];
-  if (std::getenv("CAPALLOC_FAULTS_VERBOSE") != nullptr) {
+  if (std::getenv("FAULT_SWEEP_VERBOSE") != nullptr) {
     std::printf("%s | %.0f ms | %s #%d x%d | %s | %s | %s\n", scenario_name, ms,
                 plan.category ? std::string(fault_category_name(*plan.category)).c_str() : "any",
                 static_cast<int>(plan.nth), static_cast<int>(plan.count),
@@ -730,16 +730,16 @@ std::vector<std::uint64_t> sample(std::uint64_t count, std::uint64_t cap) {
   return ns;
 }
 
-// CAPALLOC_FAULTS_CAP=<n> sweeps up to n points per category instead
+// FAULT_SWEEP_CAP=<n> sweeps up to n points per category instead
 // (0: every call); a variant of a category (reserve has three) counts apart.
 void sweep(const char* name, Scenario scenario, std::uint64_t cap, bool deterministic) {
-  if (const char* env = std::getenv("CAPALLOC_FAULTS_CAP"); env != nullptr && *env != '\0') {
+  if (const char* env = std::getenv("FAULT_SWEEP_CAP"); env != nullptr && *env != '\0') {
     cap = std::strtoull(env, nullptr, 10);
     if (cap == 0) cap = ~std::uint64_t{0};
   }
-  // CAPALLOC_FAULTS_COUNT=<k> fails k calls in a row from each point (a
+  // FAULT_SWEEP_COUNT=<k> fails k calls in a row from each point (a
   // sticky error) instead of one.
-  const std::uint64_t sticky = std::max<std::uint64_t>(env_or("CAPALLOC_FAULTS_COUNT", 1), 1);
+  const std::uint64_t sticky = std::max<std::uint64_t>(env_or("FAULT_SWEEP_COUNT", 1), 1);
   // The allocator logs the releases that fail (as it should): hundreds of
   // lines here, all expected.
   const std::string level = capalloc::log_level_from_env().value_or("warn");
