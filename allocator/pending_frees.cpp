@@ -6,6 +6,7 @@
 // the device, or one of the block's streams is capturing, no event is
 // recorded or queried (either would join or break the capture): such frees
 // wait in `deferred` until the captures are over. See allocator_impl.hpp.
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -90,6 +91,19 @@ void Allocator::Impl::process_pending() {
 absl::Status Allocator::Impl::free_block(Block* block) {
   Pool& pool = *block->segment->pool;
   const int device = block->segment->device;
+  // A stream destroyed by another thread a moment ago, whose report the
+  // allocator has not applied yet: the runtime no longer knows it, and its
+  // work has run (destroy_stream waits for it before forgetting the stream),
+  // so the free needs no event on it. Without this, such a free failed with
+  // "block left allocated" (a leak under PyTorch, which never retries).
+  auto& used = block->used_on;
+  used.erase(std::remove_if(used.begin(), used.end(),
+                            [&](StreamHandle s) {
+                              auto info = runtime->capture_info(s);
+                              return !info.ok() &&
+                                     info.status().code() == absl::StatusCode::kNotFound;
+                            }),
+             used.end());
   if (block->used_on.empty()) {
     live.erase(block->addr);
     detail::Segment* segment = block->segment;

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "c_api/c_api_support.hpp"
@@ -188,18 +189,49 @@ capalloc_status capalloc_malloc_tagged(void** out, size_t size, int device, void
   });
 }
 
+namespace {
+
+// The handles C callers hold, by pool: what capalloc_pool_create gave them.
+// The PyTorch hooks hold their own handles to the pools they make
+// (torch_pools.cpp); capalloc_pool_release may give up only the C callers'.
+struct CHandles {
+  std::mutex mu;
+  absl::flat_hash_map<std::uint64_t, int> held;
+};
+CHandles& c_handles() {
+  static CHandles* handles = new CHandles();  // never destroyed: used at exit
+  return *handles;
+}
+
+}  // namespace
+
 capalloc_status capalloc_pool_create(int device, uint64_t* out) {
   if (out == nullptr) return null_argument("capalloc_pool_create", "out");
   return with_allocator([&](capalloc::Allocator& a) {
     auto pool = a.create_graph_pool(device);
     if (!pool.ok()) return pool.status();
+    std::lock_guard lock(c_handles().mu);
+    ++c_handles().held[*pool];
     *out = *pool;
     return absl::OkStatus();
   });
 }
 
 capalloc_status capalloc_pool_release(uint64_t pool) {
-  return with_allocator([&](capalloc::Allocator& a) { return a.release_graph_pool(pool); });
+  return with_allocator([&](capalloc::Allocator& a) -> absl::Status {
+    std::lock_guard lock(c_handles().mu);
+    auto it = c_handles().held.find(pool);
+    if (it == c_handles().held.end()) {
+      if (!a.pool_stats(pool).ok()) return a.release_graph_pool(pool);  // its own error
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "capalloc_pool_release(%d): no handle from capalloc_pool_create is left to give up "
+          "(a pool that PyTorch's hooks made is released with capalloc_torch_release_pool)",
+          pool));
+    }
+    if (absl::Status s = a.release_graph_pool(pool); !s.ok()) return s;
+    if (--it->second == 0) c_handles().held.erase(it);
+    return absl::OkStatus();
+  });
 }
 
 capalloc_status capalloc_capture_begin(int device, void* stream, uint64_t pool, const char* label) {

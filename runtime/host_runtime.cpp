@@ -245,8 +245,11 @@ absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
       return absl::InvalidArgumentError("destroy_stream: the default stream cannot be destroyed");
     }
     std::shared_ptr<StreamState> state;
-    {
-      std::lock_guard lock(mu_);
+    // Looked up (and checked) twice: once to drain the stream's work while it
+    // is still known, so that a free racing this destroy can still record an
+    // event on it; then to forget it. Once forgotten, its work has run, which
+    // the allocator relies on when the stream is no longer found.
+    auto lookup = [&]() -> absl::Status {
       auto found = find_stream(stream, "destroy_stream");
       if (!found.ok()) return found.status();
       state = *std::move(found);
@@ -256,10 +259,20 @@ absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
                             "on its origin stream %d first",
                             stream, state->capture->id, state->capture->origin));
       }
-      streams_.erase(stream);
+      return absl::OkStatus();
+    };
+    {
+      std::lock_guard lock(mu_);
+      if (absl::Status s = lookup(); !s.ok()) return s;
     }
     // Outside mu_: the stream's work may wait on other streams' events.
-    state->worker.stop();
+    state->worker.wait_idle();
+    {
+      std::lock_guard lock(mu_);
+      if (absl::Status s = lookup(); !s.ok()) return s;
+      streams_.erase(stream);
+    }
+    state->worker.stop();  // whatever a racing caller queued after the drain
     stream_watchers_.destroyed(stream);
     return absl::OkStatus();
   });

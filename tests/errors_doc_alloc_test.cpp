@@ -417,3 +417,24 @@ TEST_CASE("errors: end_allocate_to_pool during its capture keeps the route and t
   REQUIRE_OK(s.alloc->CheckInvariants());
 }
 
+
+// Issue 11 (break test): a stream destroyed by another thread a moment
+// before a free, whose report the allocator has not applied yet, made the
+// free fail with NOT_FOUND "block left allocated" (a leak under PyTorch).
+// A runtime that never reports the destruction holds that window open.
+TEST_CASE("issue 11: a free on a stream destroyed before the allocator heard of it completes",
+          "[errors][streams]") {
+  auto faulty = std::make_shared<Faulty>(host_runtime());
+  faulty->report_destroyed = false;
+  auto alloc = make_allocator(faulty);
+  auto side = faulty->create_stream(0);
+  REQUIRE_OK(side);
+  auto p = alloc->allocate(4096);
+  REQUIRE_OK(p);
+  REQUIRE_OK(alloc->record_stream(*p, *side));
+  REQUIRE_OK(faulty->destroy_stream(*side));  // its work has run
+  REQUIRE_OK(alloc->deallocate(*p));
+  CHECK(alloc->block_info(*p)->state == BlockState::kFree);
+  CHECK(alloc->stats(0)->allocated_blocks.current == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+}

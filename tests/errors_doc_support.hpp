@@ -122,8 +122,12 @@ class Forwarding : public Base {
   }
   absl::StatusOr<StreamHandle> create_stream(int d) override { return in_->create_stream(d); }
   absl::Status destroy_stream(StreamHandle s) override { return in_->destroy_stream(s); }
+  // false: destroyed streams are never reported (a CUDA application that
+  // destroys a stream natively, behind capalloc). Set before the allocator
+  // is created.
+  bool report_destroyed = true;
   void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
-    in_->watch_stream_destruction(std::move(f));
+    if (report_destroyed) in_->watch_stream_destruction(std::move(f));
   }
   absl::Status synchronize_stream(StreamHandle s) override { return in_->synchronize_stream(s); }
   absl::StatusOr<EventHandle> create_event(int d) override {

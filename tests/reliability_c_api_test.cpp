@@ -129,3 +129,27 @@ TEST_CASE("issue 11 (C): unknown streams and never-handed-out pointers are clear
   CHECK(stats_now().allocated_blocks == before.allocated_blocks);
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }
+
+// Issue 11 (break test): capalloc_pool_release gave up the handle that
+// PyTorch's pool hooks hold for their pool, which then vanished under them.
+TEST_CASE("issue 11 (C): capalloc_pool_release cannot give up a handle PyTorch's hooks hold",
+          "[reliability][c_api][pool]") {
+  use_host_runtime();
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 7711, 1, nullptr, nullptr) == CAPALLOC_OK);
+  std::uint64_t pool = 0;
+  int uses = 0;
+  REQUIRE(capalloc_torch_pool(0, 7711, 1, &pool, &uses) == CAPALLOC_OK);
+  CHECK(capalloc_pool_release(pool) == CAPALLOC_ERROR_FAILED_PRECONDITION);
+  CHECK_THAT(last_error(), Catch::Contains("capalloc_torch_release_pool"));
+  std::uint64_t again = 0;
+  REQUIRE(capalloc_torch_pool(0, 7711, 1, &again, &uses) == CAPALLOC_OK);
+  CHECK(again == pool);
+  CHECK(capalloc_torch_end_allocate_to_pool(0, 7711, 1, nullptr) == CAPALLOC_OK);
+  CHECK(capalloc_torch_release_pool(0, 7711, 1) == CAPALLOC_OK);
+  // A pool the C caller created is still the C caller's to release, once.
+  std::uint64_t own = 0;
+  REQUIRE(capalloc_pool_create(0, &own) == CAPALLOC_OK);
+  CHECK(capalloc_pool_release(own) == CAPALLOC_OK);
+  CHECK(capalloc_pool_release(own) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}

@@ -108,6 +108,11 @@ CAPALLOC_API capalloc_status capalloc_malloc_tagged(void** out, size_t size, int
  * JSON array (schema: docs/findings.md) in a thread-local string valid until
  * the thread's next call that returns one. */
 CAPALLOC_API capalloc_status capalloc_pool_create(int device, uint64_t* out);
+/* Gives up one handle from capalloc_pool_create. Captures and graphs hold
+ * their own references, so the pool lives on while they use it. A release
+ * beyond the handles capalloc_pool_create gave (or of a pool PyTorch's hooks
+ * made: capalloc_torch_release_pool) is CAPALLOC_ERROR_FAILED_PRECONDITION
+ * and changes nothing. */
 CAPALLOC_API capalloc_status capalloc_pool_release(uint64_t pool);
 CAPALLOC_API capalloc_status capalloc_capture_begin(int device, void* stream, uint64_t pool,
                                                     const char* label);
