@@ -333,3 +333,51 @@ TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the captur
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }
+
+// Found by tests/fuzz/c_api_fuzzer: the tracker learns that a native graph
+// is gone only at its next operation, and until then its record kept the
+// graph's memory mapped, so empty_cache (and the out-of-memory retry) could
+// not return the memory of a graph already destroyed.
+TEST_CASE("C ABI: empty_cache returns the memory of a destroyed native graph at once",
+          "[c_api][torch][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  // What earlier cases left to be reclaimed goes first (a check catches the
+  // tracker up with graphs destroyed before).
+  const char* json = nullptr;
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  capalloc_stats before{};
+  REQUIRE(capalloc_get_stats(0, &before) == CAPALLOC_OK);
+
+  // PyTorch's capture: begin, the native capture writing its block, end.
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 33, 0, nullptr, nullptr) == CAPALLOC_OK);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  constexpr std::size_t kBytes = 1 << 16;
+  void* p = capalloc_torch_malloc(kBytes, 0, side);
+  REQUIRE(p != nullptr);
+  REQUIRE_OK(rt.memset_async(p, 0, kBytes, stream));
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 33, 0, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_torch_release_pool(0, 33, 0) == CAPALLOC_OK);
+  capalloc_torch_free(p, kBytes, 0, side);
+  capalloc_stats live{};
+  REQUIRE(capalloc_get_stats(0, &live) == CAPALLOC_OK);
+  CHECK(live.reserved_bytes > before.reserved_bytes);  // the graph keeps its memory
+
+  // PyTorch destroys the graph; nothing else happens before empty_cache.
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  capalloc_stats after{};
+  REQUIRE(capalloc_get_stats(0, &after) == CAPALLOC_OK);
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+  CHECK(after.segments == before.segments);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+}
