@@ -13,6 +13,7 @@
 #include <bit>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,13 +30,27 @@ using detail::Pool;
 
 
 Allocator::Impl::~Impl() {
-  for (const auto& p : pending) runtime->destroy_event(p.event).IgnoreError();
+  // The last chance to give these back: what the runtime fails to take is
+  // left to it (a failed cudaFree frees nothing), and said.
+  auto destroy_event = [&](EventHandle e) {
+    if (absl::Status s = runtime->destroy_event(e); !s.ok()) {
+      detail::log().error("allocator teardown: destroying event {:#x} failed, left to the "
+                          "runtime: {}",
+                          e, s.ToString());
+    }
+  };
+  for (const auto& p : pending) destroy_event(p.event);
   for (std::size_t d = 0; d < devices.size(); ++d) {
     detail::DeviceState& state = devices[d];
-    for (EventHandle e : state.spare_events) runtime->destroy_event(e).IgnoreError();
+    for (EventHandle e : state.spare_events) destroy_event(e);
     for (const auto& [base, segment] : state.segments) {
-      runtime->release(static_cast<int>(d), reinterpret_cast<void*>(base), segment->size)
-          .IgnoreError();
+      if (absl::Status s = runtime->release(static_cast<int>(d), reinterpret_cast<void*>(base),
+                                            segment->size);
+          !s.ok()) {
+        detail::log().error("allocator teardown: releasing segment {:#x} of {} bytes on device "
+                            "{} failed, left to the runtime: {}",
+                            base, segment->size, d, s.ToString());
+      }
     }
   }
   live.clear();
@@ -273,7 +288,13 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   ctx.device_may_capture = m.runtime->any_capture_active(device);
   if (ctx.device_may_capture) {
     auto info = m.runtime->capture_info(stream);
-    if (!info.ok()) return info.status();
+    if (!info.ok()) {
+      // An unknown stream is the same error with or without a capture on
+      // the device: check_stream's.
+      std::lock_guard lock(m.mu);
+      if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
+      return info.status();
+    }
     if (info->status != CaptureStatus::kNone) {
       ctx.capture = info->id;
       ctx.position = info->position;
@@ -351,20 +372,23 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // such blocks and must not take them for live after their memory is
   // reused), and every free while a capture is routed on the device, with
   // the capture position of the block's stream if that stream is capturing.
+  std::optional<BlockEvent> freed;
   if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
-    CaptureId capture = 0;
-    std::size_t position = 0;
-    std::uintptr_t graph = 0;
+    freed.emplace();
+    freed->kind = BlockEvent::Kind::kFree;
+    freed->block = m.info_of(*block);  // before it may merge away
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
-      capture = info->id;
-      position = info->position;
-      graph = info->graph;
+      freed->capture = info->id;
+      freed->position = info->position;
+      freed->capture_graph = info->graph;
     }
-    // Before it may merge away.
-    m.notify(BlockEvent::Kind::kFree, *block, capture, position, graph);
   }
-  return m.free_block(block);
+  if (absl::Status s = m.free_block(block); !s.ok()) return s;
+  // Told only once the free has happened: a free that failed (its block left
+  // allocated) must not look like one to the tracker.
+  if (freed.has_value()) m.listener->on_block_event(*freed);
+  return absl::OkStatus();
 }
 
 absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {

@@ -133,8 +133,9 @@ absl::Status Allocator::CheckInvariants() const {
       // A graph pool with no reference and no block goes as soon as its
       // segments do (maybe_destroy_pool). Segments that a live graph's
       // record reads or writes stay mapped, and the pool with them, until
-      // empty_cache finds them unused: such a pool is expected, one without
-      // segments is not.
+      // empty_cache finds them unused, and so do segments the runtime failed
+      // to release (Pool::kept_for_segments): such a pool is expected, one
+      // without segments is not.
       if (pool->is_graph_pool() && !pool->referenced() && pool->blocks_in_use() == 0 &&
           pool->segments().empty()) {
         return absl::InternalError(absl::StrFormat(

@@ -158,8 +158,12 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
     detail::log().error("releasing graph pool {}: {}", handle, s.ToString());
   }
   // Memory a live graph's record still names stays, and with it the pool;
-  // empty_cache retries once those graphs are gone.
-  if (!pool->segments().empty()) return;
+  // empty_cache retries once those graphs are gone. So does a segment the
+  // runtime failed to release (empty_cache and the destructor retry it).
+  if (!pool->segments().empty()) {
+    pool->kept_for_segments = true;
+    return;
+  }
   const AllocatorStats& gone = pool->stats();
   AllocatorStats& retired = devices[device].retired_pools;
   retired.allocated_bytes.peak += gone.allocated_bytes.peak;
@@ -178,21 +182,31 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
 absl::Status Allocator::Impl::release_segments(int device, Pool& pool,
                                                std::optional<StreamHandle> only_stream) {
   std::vector<detail::SegmentRange> ranges;
-  // A segment that a live graph's record reads or writes stays mapped until
-  // that graph is destroyed: a replay would touch unmapped memory.
+  absl::Status first_error;
   pool.take_free_segments(ranges, [&](const detail::SegmentRange& r) {
     if (only_stream.has_value() && r.stream != *only_stream) return true;
-    return listener != nullptr && listener->graph_uses(device, MemorySpan{r.base, r.bytes});
+    // A segment that a live graph's record reads or writes stays mapped
+    // until that graph is destroyed: a replay would touch unmapped memory.
+    if (listener != nullptr && listener->graph_uses(device, MemorySpan{r.base, r.bytes})) {
+      return true;
+    }
+    // Released before the pool forgets it: a segment the runtime fails to
+    // release is still reserved (a failed cudaFree frees nothing), so it
+    // stays in the pool, fully free and counted, and the next release
+    // (empty_cache, the pool's destruction, the allocator's destructor)
+    // tries again.
+    absl::Status s = runtime->release(device, r.base, r.bytes);
+    if (!s.ok()) {
+      detail::log().error("releasing segment {} of {} bytes failed (kept, to be released "
+                          "again): {}",
+                          r.base, r.bytes, s.ToString());
+      first_error.Update(s);
+      return true;
+    }
+    return false;
   });
-  absl::Status first_error;
   for (const auto& range : ranges) {
     devices[device].segments.erase(reinterpret_cast<std::uintptr_t>(range.base));
-    absl::Status s = runtime->release(device, range.base, range.bytes);
-    if (!s.ok()) {
-      detail::log().error("releasing segment {} of {} bytes failed: {}", range.base, range.bytes,
-                          s.ToString());
-      first_error.Update(s);
-    }
   }
   return first_error;
 }

@@ -85,6 +85,11 @@ class Pool {
   int route_refs = 0;
   absl::flat_hash_set<CaptureId> graph_holds;
   bool referenced() const { return handle_refs > 0 || route_refs > 0 || !graph_holds.empty(); }
+  // Set when the pool had no reference and no block left but could not go,
+  // for segments it could not give back yet: memory a live graph's record
+  // names, or a segment the runtime failed to release. Whoever releases
+  // them (empty_cache, the allocator's destructor) destroys the pool.
+  bool kept_for_segments = false;
 
   // Serves `rounded` bytes on `stream` from a cached free block, splitting
   // off the remainder; nullptr when no cached block fits. The block comes

@@ -236,6 +236,11 @@ absl::Status CaptureTracker::waive(GraphHandle graph, const void* victim, std::s
       return absl::NotFoundError(absl::StrFormat(
           "waive: %p is in no live block: %s", victim, std::string(info.status().message())));
     }
+    // block_info also finds free memory: no victim lives there.
+    if (info->state != BlockState::kAllocated) {
+      return absl::NotFoundError(absl::StrFormat(
+          "waive: %p is in no live block: the memory there is free", victim));
+    }
     w.victim = info->sequence;
     w.tag.clear();
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.hpp"
 #include "capalloc/gemm.hpp"
@@ -197,9 +198,16 @@ struct CAPALLOC_INTERNAL SplitKGemm::Impl {
     EventHandle event = 0;
     StreamHandle last_stream = kDefaultStream;
     bool launched = false;
+    // The last launch is enqueued but `event` does not mark it (its record
+    // failed, and so did waiting for it then): the next launch on another
+    // stream synchronizes last_stream instead of waiting for the event.
+    bool unmarked = false;
   };
   std::mutex mu;
   absl::flat_hash_map<int, DeviceOrder> order;  // guarded by mu
+  // Devices whose semaphore preallocate_split_k allocated but failed to zero
+  // (guarded by mu): buffers() refuses it, and run() warms it again.
+  absl::flat_hash_set<int> unzeroed;
 };
 
 SplitKGemm::SplitKGemm(Allocator& allocator, PersistentCache& cache, GemmTiling tiling)
@@ -234,11 +242,29 @@ absl::Status SplitKGemm::preallocate_split_k(int device, StreamHandle stream) {
   CAPALLOC_ASSIGN_OR_RETURN(void* sem, impl_->cache->preallocate(device, kSemaphoreKey,
                                                                  kSplitKSemaphoreBytes));
   (void)ws;
-  CAPALLOC_RETURN_IF_ERROR(rt.memset_async(sem, 0, kSplitKSemaphoreBytes, stream));
-  return rt.synchronize_stream(stream);
+  // The split-K protocol reads the semaphore first: one whose zeroing
+  // failed (its memory holds whatever was there) must not reach a launch.
+  absl::Status zeroed = rt.memset_async(sem, 0, kSplitKSemaphoreBytes, stream);
+  if (zeroed.ok()) zeroed = rt.synchronize_stream(stream);
+  std::lock_guard lock(impl_->mu);
+  if (zeroed.ok()) {
+    impl_->unzeroed.erase(device);
+  } else {
+    impl_->unzeroed.insert(device);
+  }
+  return zeroed;
 }
 
 absl::StatusOr<SplitKBuffers> SplitKGemm::buffers(int device) const {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->unzeroed.contains(device)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the split-K semaphore of device %d was allocated but zeroing it failed; call "
+          "SplitKGemm::preallocate_split_k(%d) again",
+          device, device));
+    }
+  }
   auto ws = impl_->cache->get(device, kWorkspaceKey);
   auto sem = impl_->cache->get(device, kSemaphoreKey);
   if (!ws.ok() || !sem.ok()) {
@@ -261,6 +287,7 @@ absl::Status SplitKGemm::run(int device, StreamHandle stream, const GemmProblem&
   const bool capturing = info.status != CaptureStatus::kNone;
   auto buffers = this->buffers(device);
   if (!buffers.ok()) {
+    if (capturing && !absl::IsNotFound(buffers.status())) return buffers.status();
     if (capturing) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "split-K GEMM on device %d: first call inside capture %d (stream 0x%x) with a cold "
@@ -284,12 +311,26 @@ absl::Status SplitKGemm::run(int device, StreamHandle stream, const GemmProblem&
   }
   if (o.launched && o.last_stream != stream) {
     // One workspace per device: wait for the previous launch's stream.
-    CAPALLOC_RETURN_IF_ERROR(rt.stream_wait_event(stream, o.event));
+    if (o.unmarked) {
+      CAPALLOC_RETURN_IF_ERROR(rt.synchronize_stream(o.last_stream));
+      o.unmarked = false;
+    } else {
+      CAPALLOC_RETURN_IF_ERROR(rt.stream_wait_event(stream, o.event));
+    }
   }
   CAPALLOC_RETURN_IF_ERROR(launch_split_k_gemm(rt, stream, problem, *buffers, impl_->tiling));
-  CAPALLOC_RETURN_IF_ERROR(rt.record_event(o.event, stream));
+  // Enqueued: whatever happens to the event, the next launch on another
+  // stream must come after this one.
   o.launched = true;
   o.last_stream = stream;
+  if (absl::Status recorded = rt.record_event(o.event, stream); !recorded.ok()) {
+    // The event still marks an earlier launch, if any: waiting for it would
+    // not wait for this one. Wait for this one now; if that fails too, the
+    // next launch on another stream synchronizes this stream first.
+    o.unmarked = !rt.synchronize_stream(stream).ok();
+    return recorded;
+  }
+  o.unmarked = false;
   return absl::OkStatus();
 }
 

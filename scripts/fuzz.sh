@@ -12,7 +12,7 @@
 # directory, never into the repository. Exits non-zero on any crash,
 # sanitizer report, invariant violation, leak, timeout or out-of-memory; the
 # reproducer is then kept and its path printed (run the fuzzer binary on it,
-# with CAPALLOC_FUZZ_TRACE=1 to see every call).
+# with FUZZ_TRACE=1 to see every call).
 #
 # Environment: CCACHE_BASEDIR and CMAKE_CXX_COMPILER_LAUNCHER are honoured
 # (ccache); FUZZ_JOBS (default 2) sets the build's parallelism.
@@ -144,7 +144,7 @@ if ((rc != 0)) || [[ -e "${artifacts[0]}" ]]; then
   echo "fuzz.sh: FAILED (exit status $rc); the fuzzer's report:" >&2
   grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)' "$LOG" | tail -n 80 >&2
   echo "fuzz.sh: reproducers in $WORK/artifacts; full log $LOG" >&2
-  echo "fuzz.sh: rerun one with: CAPALLOC_FUZZ_TRACE=1 $FUZZER <file>" >&2
+  echo "fuzz.sh: rerun one with: FUZZ_TRACE=1 $FUZZER <file>" >&2
   exit 1
 fi
 echo "fuzz.sh: OK: ${execs:-?} executions in ${SECONDS_TO_RUN} s, no crash, no sanitizer report"

@@ -1,73 +1,135 @@
 #!/usr/bin/env bash
-# Builds capalloc and runs its whole test suite (the Catch2 suites and the
-# find_package consumer test) with CTest, then builds the tree again as a
-# plain Release build. Installs missing Debian packages
-# first, so this is one of the two set-up commands in README.md; .ci/run runs
-# exactly this.
+# Builds capalloc and runs its whole test suite with CTest, as CI does
+# (.ci/run runs exactly this), then the checks that need other builds:
+#   1. preset `default` (build/): every Catch2 suite, the CLI, stress, the
+#      oracle, the find_package consumer, the Python package, the GPU bundle;
+#   2. a plain `cmake -DCMAKE_BUILD_TYPE=Release` build (build-release/);
+#   3. ASan + UBSan (build-asan/, no CUDA/HIP): the suite, less the tests
+#      that configure other projects;
+#   4. TSan (build-tsan/, no CUDA/HIP): the concurrency and stress tests, with
+#      fewer stress operations;
+#   5. the C ABI fuzzer for 60 s (scripts/fuzz.sh, build-fuzz/).
+# Each step prints its time (docs/ci.md keeps the table). Installs missing
+# Debian packages first, so this is one of the two set-up commands in README.md.
 #
 # Usage:
-#   bash scripts/test.sh                               # build/      (RelWithDebInfo)
-#   bash scripts/test.sh --sanitize address,undefined  # build-asan/ (ASan + UBSan)
-#   bash scripts/test.sh --sanitize thread             # build-tsan/ (TSan)
+#   bash scripts/test.sh                               # all five steps
+#   bash scripts/test.sh --no-sanitizers               # steps 1 and 2 only
+#   bash scripts/test.sh --sanitize address,undefined  # build-asan/: the whole suite
+#   bash scripts/test.sh --sanitize thread             # build-tsan/: the whole suite
 #
 # Extra arguments after `--` go to ctest (e.g. `-- -R allocator_test`).
 # Exits non-zero if installing, configuring, building or any test fails.
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 
 sanitize=""
+sanitizers=1
 ctest_args=()
 while (($#)); do
   case "$1" in
     --sanitize) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; sanitize="$2"; shift 2 ;;
     --sanitize=*) sanitize="${1#--sanitize=}"; shift ;;
+    --no-sanitizers) sanitizers=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; ctest_args=("$@"); break ;;
     *) echo "test.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 
-# One preset per build flavour (CMakePresets.json holds the cache settings).
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+jobs="$(nproc 2>/dev/null || echo 2)"
+
+# step NAME COMMAND...: runs the command and prints how long it took.
+step() {
+  local name="$1" start="$SECONDS"
+  shift
+  echo "test.sh: step '$name'"
+  "$@"
+  echo "test.sh: step '$name' took $((SECONDS - start)) s"
+}
+
+# sanitizer_env KIND: the runtime options of that sanitizer, and in `run` the
+# prefix that its programs need.
 run=()
+sanitizer_env() {
+  run=()
+  case "$1" in
+    asan-ubsan)
+      export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
+      export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" ;;
+    tsan)
+      export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+      # GCC 12's TSan cannot map its shadow memory when the kernel randomizes
+      # mmap addresses with more than 28 bits; run without ASLR there. (The
+      # build runs test programs too: catch_discover_tests lists their cases.)
+      local rnd_bits
+      rnd_bits="$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)"
+      if ((rnd_bits > 28)) && command -v setarch >/dev/null 2>&1; then
+        run=(setarch "$(uname -m)" -R)
+      fi ;;
+  esac
+}
+
+# build_and_test PRESET DIR [TARGETS (space-separated; "" = all)] [CTEST ARGS...]
+build_and_test() {
+  local preset="$1" dir="$2" targets="$3"
+  shift 3
+  sanitizer_env "$preset"
+  local target_args=()
+  if [[ -n "$targets" ]]; then
+    for t in $targets; do target_args+=(--target "$t"); done
+  fi
+  "${run[@]}" cmake --preset "$preset"
+  "${run[@]}" cmake --build --preset "$preset" --parallel "$jobs" "${target_args[@]}"
+  "${run[@]}" ctest --test-dir "$dir" --output-on-failure --no-tests=error "$@"
+}
+
 case "$sanitize" in
-  "")
-    preset=default; build_dir=build ;;
-  address,undefined|undefined,address|asan|asan-ubsan)
-    preset=asan-ubsan; build_dir=build-asan
-    export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
-    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}" ;;
-  thread|tsan)
-    preset=tsan; build_dir=build-tsan
-    export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
-    # GCC 12's TSan cannot map its shadow memory when the kernel randomizes
-    # mmap addresses with more than 28 bits; run without ASLR there. (The build
-    # runs test programs too: catch_discover_tests lists their cases.)
-    rnd_bits="$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 0)"
-    if ((rnd_bits > 28)) && command -v setarch >/dev/null 2>&1; then
-      run=(setarch "$(uname -m)" -R)
-    fi ;;
+  "") ;;
+  address,undefined|undefined,address|asan|asan-ubsan) sanitize=asan-ubsan ;;
+  thread|tsan) sanitize=tsan ;;
   *)
     echo "test.sh: --sanitize takes 'address,undefined' or 'thread', not '$sanitize'" >&2
     exit 2 ;;
 esac
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$repo_root"
+step install bash scripts/install-deps.sh
 
-bash scripts/install-deps.sh
+# One sanitizer's whole suite, by hand.
+if [[ -n "$sanitize" ]]; then
+  dir=build-asan
+  [[ "$sanitize" == tsan ]] && dir=build-tsan
+  step "$sanitize suite" build_and_test "$sanitize" "$dir" "" "${ctest_args[@]}"
+  exit 0
+fi
 
-jobs="$(nproc 2>/dev/null || echo 2)"
-echo "test.sh: preset '$preset' in $build_dir/ with $jobs build jobs"
-"${run[@]}" cmake --preset "$preset"
-"${run[@]}" cmake --build --preset "$preset" --parallel "$jobs"
-"${run[@]}" ctest --test-dir "$build_dir" --output-on-failure --no-tests=error "${ctest_args[@]}"
+echo "test.sh: preset 'default' in build/ with $jobs build jobs"
+step "default build and tests" build_and_test default build "" "${ctest_args[@]}"
 
 # A plain Release build, with no preset and no other flag, as a user or a
 # packager would configure it (GCC 12 at -O3 warns where -O2 does not; the
 # tree is built with warnings as errors, the top-level default).
-if [[ -z "$sanitize" ]]; then
-  echo "test.sh: plain 'cmake -DCMAKE_BUILD_TYPE=Release' build in build-release/"
+plain_release() {
   cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release
   cmake --build build-release --parallel "$jobs"
-fi
+}
+step "plain Release build" plain_release
+
+((sanitizers)) || exit 0
+
+# ASan + UBSan: the suite, less the two tests that configure and build other
+# CMake projects (packaging checks, run in the default build above).
+step "ASan+UBSan suite" build_and_test asan-ubsan build-asan "" \
+  -E '^(consumer_find_package|subproject_defaults)$'
+
+# TSan: the programs that run threads (the host runtime's stream workers, the
+# allocator from many threads, the C ABI's thread-local errors, the
+# reliability cases that race queued kernels) and the stress driver.
+tsan_targets="runtime_host_test allocator_test c_api_test reliability_test stress_driver_test capalloc_cli"
+step "TSan concurrency and stress" build_and_test tsan build-tsan "$tsan_targets" \
+  -R '^((runtime_host_test|allocator_test|c_api_test|reliability_test|stress_driver_test):|stress_)'
+
+step "fuzz the C ABI (60 s)" bash scripts/fuzz.sh --seconds 60

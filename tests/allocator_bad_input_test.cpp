@@ -91,7 +91,9 @@ TEST_CASE("bad input: record_stream on a freed block, or with an unknown stream"
   CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(message_of(s), Catch::Contains("already free"));
   absl::Status unknown = scene.alloc->record_stream(scene.live, StreamHandle{0xdead0});
-  CHECK(unknown.code() == absl::StatusCode::kNotFound);
+  // An unknown stream is a bad argument (issue 11), as on allocate.
+  CHECK(unknown.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(message_of(unknown), Catch::Contains("not a live stream"));
   scene.require_unchanged();
   REQUIRE_OK(scene.rt->destroy_stream(other));
 }

@@ -84,7 +84,7 @@ CAPALLOC_API capalloc_status capalloc_check_invariants(void);
 
 /* Streams of the process-wide runtime, for hosts without a native stream
  * API (the host runtime). capalloc_stream_synchronize refuses a capturing
- * stream (CAPALLOC_FAILED_PRECONDITION) rather than invalidate its capture.
+ * stream (CAPALLOC_ERROR_FAILED_PRECONDITION) rather than invalidate its capture.
  * Every call that takes a stream refuses one the runtime does not know
  * (never created or destroyed): the host runtime knows each of its streams;
  * on CUDA and HIP a stream is checked the first time capalloc sees it and
@@ -145,8 +145,8 @@ CAPALLOC_API capalloc_status capalloc_preallocate(int device, const char* key, s
 CAPALLOC_API capalloc_status capalloc_get(int device, const char* key, void** out);
 /* Frees the buffer (device, key); the caller guarantees that no graph using
  * it replays again. The only way to free one: capalloc_free of a persistent
- * buffer is refused (CAPALLOC_FAILED_PRECONDITION, naming this call).
- * CAPALLOC_NOT_FOUND for a key that holds no buffer. */
+ * buffer is refused (CAPALLOC_ERROR_FAILED_PRECONDITION, naming this call).
+ * CAPALLOC_ERROR_NOT_FOUND for a key that holds no buffer. */
 CAPALLOC_API capalloc_status capalloc_release_persistent(int device, const char* key);
 
 /* PyTorch's CUDAPluggableAllocator entry points, with exactly its C++

@@ -112,7 +112,9 @@ class CAPALLOC_API SplitKGemm {
   // Warmup: creates the device's buffers (if needed) and zeroes the
   // semaphore, waiting for the zeroing on `stream`. Refused during a capture.
   absl::Status preallocate_split_k(int device, StreamHandle stream = kDefaultStream);
-  // The device's buffers; kNotFound (naming preallocate_split_k) if cold.
+  // The device's buffers; kNotFound (naming preallocate_split_k) if cold;
+  // kFailedPrecondition if the last preallocate_split_k failed to zero the
+  // semaphore (run() then warms it again, or fails inside a capture).
   absl::StatusOr<SplitKBuffers> buffers(int device) const;
 
   // C = A * B^T on `stream`. Outside a capture a cold cache is warmed first;

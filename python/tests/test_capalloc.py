@@ -226,6 +226,25 @@ class CallTest(unittest.TestCase):
         self.assertEqual(capalloc.get(0, "py.workspace"), ptr)
         self.assertEqual(capalloc.preallocate(0, "py.workspace", 1 << 10), ptr)
 
+    def test_release_persistent_is_the_way_to_free_a_persistent_buffer(self):
+        # Issue 11: a plain free of a persistent buffer is refused and names
+        # this call; release_persistent frees it, once.
+        ptr = capalloc.preallocate(0, "py.release", 1 << 16)
+        lib = capalloc.load()
+        self.assertEqual(lib.capalloc_free(ptr), 4)  # FAILED_PRECONDITION
+        self.assertIn(b"capalloc.release_persistent(0, \"py.release\")",
+                      lib.capalloc_last_error())
+        self.assertEqual(capalloc.get(0, "py.release"), ptr)
+        capalloc.release_persistent(0, "py.release")
+        with self.assertRaises(capalloc.CapallocError) as gone:
+            capalloc.get(0, "py.release")
+        self.assertEqual(gone.exception.status, 3)
+        with self.assertRaises(capalloc.CapallocError) as twice:
+            capalloc.release_persistent(0, "py.release")
+        self.assertEqual(twice.exception.status, 3)
+        with self.assertRaisesRegex(TypeError, "release_persistent: key must be a str"):
+            capalloc.release_persistent(0, None)
+
     def test_errors_raise_with_capallocs_message(self):
         with self.assertRaises(capalloc.CapallocError) as cold:
             capalloc.get(0, "py.never.warmed")

@@ -84,7 +84,7 @@ const char* status_name(capalloc_status s) {
   return "(not a capalloc_status)";
 }
 
-// CAPALLOC_FUZZ_TRACE=1 prints every call and its status: for reading a
+// FUZZ_TRACE=1 prints every call and its status: for reading a
 // crashing input (run the fuzzer binary on the file alone).
 bool g_trace = false;
 
@@ -1554,9 +1554,9 @@ void teardown(State& st) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // The process-wide allocator reads these once, on first use.
   ::setenv("CAPALLOC_RUNTIME", "host", 1);
-  if (std::getenv("CAPALLOC_LOG_LEVEL") == nullptr) ::setenv("CAPALLOC_LOG_LEVEL", "off", 1);
+  ::setenv("CAPALLOC_LOG_LEVEL", "off", /*overwrite=*/0);  // unless the caller set one
   ::unsetenv("CAPALLOC_STRICT");
-  g_trace = std::getenv("CAPALLOC_FUZZ_TRACE") != nullptr;
+  g_trace = std::getenv("FUZZ_TRACE") != nullptr;
   if (const char* name = capalloc_runtime_name(); name == nullptr || std::strcmp(name, "host") != 0) {
     std::fprintf(stderr, "c_api_fuzzer: the host runtime did not start: %s\n", capalloc_last_error());
     std::abort();

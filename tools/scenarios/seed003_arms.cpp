@@ -31,6 +31,8 @@ class ArmWorld {
     auto w = std::unique_ptr<ArmWorld>(new ArmWorld());
     w->rt_ = std::move(rt);
     CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
+    w->observer_ = options.observer;
+    w->observe(WorldPoint::kCreated);
     CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
                               CaptureTracker::create(*w->allocator_,
                                                      {.strict = options.strict,
@@ -39,17 +41,26 @@ class ArmWorld {
     return w;
   }
 
+  // Teardown is best effort: a runtime failure here has no caller to reach.
+  // Whatever a failed call leaves held is released by a later owner (the
+  // tracker's destructor destroys graphs destroy_graph left, the
+  // allocator's releases segments) or stays held, as on a device.
   ~ArmWorld() {
+    if (allocator_ == nullptr) return;
+    observe(WorldPoint::kWorkDone);
     // Work still queued (an arm that stopped early) must not outlive the
     // memory it touches.
     rt_->synchronize_stream(kDefaultStream).IgnoreError();
-    rt_->synchronize_stream(side_).IgnoreError();
-    for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
+    if (side_ != kDefaultStream) rt_->synchronize_stream(side_).IgnoreError();
+    if (tracker_ != nullptr) {
+      for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
+    }
     for (void* p : blocks_) allocator_->deallocate(p).IgnoreError();
     for (PoolHandle p : pools_) allocator_->release_graph_pool(p).IgnoreError();
     cache_.reset();
     tracker_.reset();
-    rt_->destroy_stream(side_).IgnoreError();
+    if (side_ != kDefaultStream) rt_->destroy_stream(side_).IgnoreError();
+    observe(WorldPoint::kReleased);
   }
 
   StreamHandle side() const { return side_; }
@@ -139,6 +150,10 @@ class ArmWorld {
 
  private:
   ArmWorld() = default;
+  void observe(WorldPoint point) {
+    if (observer_) observer_(point, *allocator_);
+  }
+  WorldObserver observer_;
   std::shared_ptr<DeviceRuntime> rt_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<CaptureTracker> tracker_;

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
+#include "tools/scenarios/world_observer.hpp"
 
 namespace capalloc::scenarios {
 
@@ -29,6 +30,7 @@ struct ArmsOptions {
   bool strict = false;  // the tracker refuses replays of graphs with hazards
   bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
   AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
+  WorldObserver observer = {};  // sees each arm's allocator (the fault-injection test)
 };
 
 struct ReplayOutcome {

@@ -47,6 +47,48 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
+// build(): a, b in fp8 from randn / 8; per-row and per-column scales from
+// rand + 0.5; the reference in double, rounded to bf16. The same for every
+// arm (seeded), so built once per process: it costs more than an arm's
+// GEMMs on the host runtime, and the fault-injection sweep runs hundreds of
+// arms.
+struct GemmInputs {
+  std::vector<std::uint8_t> a, b;
+  std::vector<float> xs, wsc, ref;
+};
+
+const GemmInputs& gemm_inputs() {
+  static const GemmInputs inputs = [] {
+    Rng rng(0);
+    GemmInputs in;
+    auto& [a, b, xs, wsc, ref] = in;
+    a.resize(static_cast<std::size_t>(M) * K);
+    b.resize(static_cast<std::size_t>(N) * K);
+    for (auto& v : a) v = detail::float_to_fp8_e4m3(static_cast<float>(rng.normal() / 8));
+    for (auto& v : b) v = detail::float_to_fp8_e4m3(static_cast<float>(rng.normal() / 8));
+    xs.resize(M);
+    wsc.resize(N);
+    for (auto& v : xs) v = static_cast<float>(rng.uniform() + 0.5);
+    for (auto& v : wsc) v = static_cast<float>(rng.uniform() + 0.5);
+    ref.resize(static_cast<std::size_t>(M) * N);
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < N; ++j) {
+        double sum = 0;
+        for (int k = 0; k < K; ++k) {
+          const std::uint8_t av = a[static_cast<std::size_t>(i) * K + k];
+          const std::uint8_t bv = b[static_cast<std::size_t>(j) * K + k];
+          sum += static_cast<double>(detail::fp8_e4m3_to_float(av)) * detail::fp8_e4m3_to_float(bv);
+        }
+        const float value = static_cast<float>(sum * xs[i] * wsc[j]);
+        ref[static_cast<std::size_t>(i) * N + j] =
+            detail::bf16_to_float(detail::float_to_bf16(value));
+      }
+    }
+    return in;
+  }();
+  return inputs;
+}
+
 // Everything one arm owns; released in reverse order at the end.
 class GemmWorld {
  public:
@@ -55,6 +97,8 @@ class GemmWorld {
     auto w = std::unique_ptr<GemmWorld>(new GemmWorld());
     w->rt_ = std::move(rt);
     CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
+    w->observer_ = options.observer;
+    w->observe(WorldPoint::kCreated);
     CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
                               CaptureTracker::create(*w->allocator_,
                                                      {.strict = options.strict,
@@ -66,16 +110,22 @@ class GemmWorld {
     return w;
   }
 
+  // Best effort, as ArmWorld's teardown (seed003_arms.cpp).
   ~GemmWorld() {
+    if (allocator_ == nullptr) return;
+    observe(WorldPoint::kWorkDone);
     rt_->synchronize_stream(kDefaultStream).IgnoreError();
-    rt_->synchronize_stream(side_).IgnoreError();
-    for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
+    if (side_ != kDefaultStream) rt_->synchronize_stream(side_).IgnoreError();
+    if (tracker_ != nullptr) {
+      for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
+    }
     for (void* p : blocks_) allocator_->deallocate(p).IgnoreError();
-    allocator_->release_graph_pool(pool_).IgnoreError();
+    if (pool_ != kDefaultPool) allocator_->release_graph_pool(pool_).IgnoreError();
     gemm_.reset();
     cache_.reset();
     tracker_.reset();
-    rt_->destroy_stream(side_).IgnoreError();
+    if (side_ != kDefaultStream) rt_->destroy_stream(side_).IgnoreError();
+    observe(WorldPoint::kReleased);
   }
 
   DeviceRuntime& rt() { return *rt_; }
@@ -125,6 +175,10 @@ class GemmWorld {
 
  private:
   GemmWorld() = default;
+  void observe(WorldPoint point) {
+    if (observer_) observer_(point, *allocator_);
+  }
+  WorldObserver observer_;
   std::shared_ptr<DeviceRuntime> rt_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<CaptureTracker> tracker_;
@@ -169,27 +223,12 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
   CAPALLOC_ASSIGN_OR_RETURN(auto world, GemmWorld::create(std::move(runtime), options));
   GemmWorld& w = *world;
 
-  // build(): a, b in fp8 from randn / 8; per-row and per-column scales from
-  // rand + 0.5; the reference in double, rounded to bf16.
-  Rng rng(0);
-  std::vector<std::uint8_t> a(static_cast<std::size_t>(M) * K), b(static_cast<std::size_t>(N) * K);
-  for (auto& v : a) v = detail::float_to_fp8_e4m3(static_cast<float>(rng.normal() / 8));
-  for (auto& v : b) v = detail::float_to_fp8_e4m3(static_cast<float>(rng.normal() / 8));
-  std::vector<float> xs(M), wsc(N);
-  for (auto& v : xs) v = static_cast<float>(rng.uniform() + 0.5);
-  for (auto& v : wsc) v = static_cast<float>(rng.uniform() + 0.5);
-  std::vector<float> ref(static_cast<std::size_t>(M) * N);
-  for (int i = 0; i < M; ++i) {
-    for (int j = 0; j < N; ++j) {
-      double sum = 0;
-      for (int k = 0; k < K; ++k) {
-        sum += static_cast<double>(detail::fp8_e4m3_to_float(a[static_cast<std::size_t>(i) * K + k])) *
-               detail::fp8_e4m3_to_float(b[static_cast<std::size_t>(j) * K + k]);
-      }
-      const float value = static_cast<float>(sum * xs[i] * wsc[j]);
-      ref[static_cast<std::size_t>(i) * N + j] = detail::bf16_to_float(detail::float_to_bf16(value));
-    }
-  }
+  const GemmInputs& inputs = gemm_inputs();
+  const std::vector<std::uint8_t>& a = inputs.a;
+  const std::vector<std::uint8_t>& b = inputs.b;
+  const std::vector<float>& xs = inputs.xs;
+  const std::vector<float>& wsc = inputs.wsc;
+  const std::vector<float>& ref = inputs.ref;
   CAPALLOC_ASSIGN_OR_RETURN(std::uint8_t * a_dev, w.upload(a, "a"));
   CAPALLOC_ASSIGN_OR_RETURN(std::uint8_t * b_dev, w.upload(b, "b"));
   CAPALLOC_ASSIGN_OR_RETURN(float* xs_dev, w.upload(xs, "xs"));

@@ -67,6 +67,8 @@ struct Executor::State {
     StreamHandle stream = 0;
   } capture;
   std::vector<GraphHandle> graphs;
+  StreamHandle dead_streams[kDevices] = {};  // the last stream destroyed, per device
+  std::vector<PoolHandle> released_pools;     // shared pools whose handle was given up
   // What the stats must show, per device (the executor's share in a threaded run).
   std::int64_t model_peak_allocated[kDevices] = {};
   std::uint64_t allocations[kDevices] = {}, frees[kDevices] = {}, ooms[kDevices] = {};
@@ -337,6 +339,7 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
       if (auto e = tick(s)) return e;  // work pending when it is destroyed
       if (absl::Status st = rt().destroy_stream(s); !st.ok())
         return fail("destroy_stream: " + st.ToString());
+      dead_streams[device] = s;
       auto fresh = rt().create_stream(device);
       if (!fresh.ok()) return fail("create_stream: " + fresh.status().ToString());
       streams[device][slot] = *fresh;
@@ -354,6 +357,7 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
         if (!fresh.ok()) return fail("create_graph_pool: " + fresh.status().ToString());
         if (absl::Status st = alloc().release_graph_pool(world->shared_pools[device]); !st.ok())
           return fail("release_graph_pool: " + st.ToString());
+        if (released_pools.size() < 8) released_pools.push_back(world->shared_pools[device]);
         world->shared_pools[device] = *fresh;
       }
       CaptureOptions capture_options;
@@ -492,7 +496,7 @@ std::optional<std::string> Executor::State::apply(const Op& op) {
 std::optional<std::string> Executor::State::apply_invalid(const Op& op) {
   const int device = op.device % kDevices;
   static int not_a_block = 0;
-  switch (op.variant % 16) {
+  switch (op.variant % 21) {
     case 0:
       return expect_error("deallocate of a pointer never returned",
                           [&] { return alloc().deallocate(&not_a_block); });
@@ -577,6 +581,43 @@ std::optional<std::string> Executor::State::apply_invalid(const Op& op) {
       return expect_error("preallocate of zero bytes", [&] {
         return world->cache->preallocate(device, key_name(0), 0).status();
       });
+    case 15:
+      if (!persistent.empty()) {
+        auto it = std::next(persistent.begin(),
+                            static_cast<std::ptrdiff_t>(op.pick % persistent.size()));
+        return expect_error("a plain deallocate of a persistent buffer",
+                            [&] { return alloc().deallocate(it->second.ptr); });
+      }
+      [[fallthrough]];
+    case 16:
+      return expect_error("allocate on a stream never created", [&] {
+        return alloc().allocate(64, device, StreamHandle{0xBAD00000} + device).status();
+      });
+    case 17:
+      if (dead_streams[device] != kDefaultStream) {
+        return expect_error("allocate on a destroyed stream", [&] {
+          return alloc().allocate(64, device, dead_streams[device]).status();
+        });
+      }
+      [[fallthrough]];
+    case 18:
+      if (!live.empty()) {
+        const Live& b = live[op.pick % live.size()];
+        return expect_error("record_stream on a stream never created", [&] {
+          return alloc().record_stream(b.ptr, StreamHandle{0xBAD00000} + b.device);
+        });
+      }
+      [[fallthrough]];
+    case 19:
+      // A pool whose one handle was given up: releasing again is not ours to
+      // do, whoever still holds the pool (a graph, a capture route).
+      if (!released_pools.empty()) {
+        return expect_error("release of a pool whose handle was already released", [&] {
+          return alloc().release_graph_pool(released_pools[op.pick % released_pools.size()]);
+        });
+      }
+      return expect_error("release of a pool that does not exist",
+                          [&] { return alloc().release_graph_pool(PoolHandle{0xBAD10000}); });
     default:
       if (capture.active) {
         // A persistent block requested on the capturing stream itself: refused
