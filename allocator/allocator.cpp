@@ -419,8 +419,15 @@ absl::Status Allocator::empty_cache(int device) {
     if (absl::Status s = m.check_device(device); !s.ok()) return s;
   }
   m.apply_gone_streams();
-  m.process_pending();
+  // Routes go before pending frees are processed: frees deferred while a
+  // capture was routed on the device get their events only once no route is
+  // left, and the routes of captures that are over (a graph destroyed, a
+  // native capture ended that nobody announced) end here.
   m.apply_gone_graphs();
+  for (int d = 0; d < static_cast<int>(m.devices.size()); ++d) {
+    if (device == kAnyDevice || device == d) m.active_capture_on(d);
+  }
+  m.process_pending();
   absl::Status result;
   for (int d = 0; d < static_cast<int>(m.devices.size()); ++d) {
     if (device == kAnyDevice || device == d) result.Update(m.release_free_segments(d));

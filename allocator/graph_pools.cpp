@@ -100,6 +100,9 @@ void Allocator::Impl::apply_gone_graphs() {
     if (it == watched_graphs.end()) continue;
     const detail::WatchedGraph watched = it->second;
     watched_graphs.erase(it);
+    // The listener first: the graph's record stops keeping its memory
+    // mapped (graph_uses), so that the pool can go below.
+    if (listener != nullptr) listener->on_capture_graph_gone(capture);
     // No graph means no capture: its route, if not yet seen to end, ends now.
     if (auto route = routes.find(capture); route != routes.end() && !route->second.announced) {
       drop_route(capture);
@@ -108,7 +111,6 @@ void Allocator::Impl::apply_gone_graphs() {
         watched.holds_pool_ref && pool.ok() && (*pool)->graph_holds.erase(capture) == 1) {
       maybe_destroy_pool(*pool);
     }
-    if (listener != nullptr) listener->on_capture_graph_gone(capture);
   }
 }
 

@@ -63,8 +63,12 @@ void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
-  std::lock_guard lock(log_mu);
-  graphs_gone.push_back(capture);
+  {
+    std::lock_guard lock(log_mu);
+    graphs_gone.push_back(capture);
+  }
+  std::lock_guard pins_lock(pins_mu);
+  gone_pins.insert(detail::kDiscoveredGraph | capture);
 }
 
 void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
@@ -151,6 +155,10 @@ void CaptureTracker::Impl::drain_log() {
   // After the events, so that a capture's allocations are known before its
   // graph's end is.
   for (CaptureId capture : gone) forget_discovered_graph(capture);
+  if (!gone.empty()) {
+    std::lock_guard pins_lock(pins_mu);
+    for (CaptureId capture : gone) gone_pins.erase(detail::kDiscoveredGraph | capture);
+  }
 }
 
 // Live blocks overlapping `spans`, noted in the history. Blocks the
@@ -434,7 +442,10 @@ namespace capalloc {
 
 bool CaptureTracker::Impl::graph_uses(int device, MemorySpan span) const {
   std::lock_guard pins_lock(pins_mu);
-  return !pinned.overlapping(device, span).empty();
+  for (const auto& [graph, write] : pinned.overlapping(device, span)) {
+    if (!gone_pins.contains(graph)) return true;
+  }
+  return false;
 }
 
 }  // namespace capalloc

@@ -127,6 +127,12 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // held (pins_mu is a leaf: nothing is called while it is held).
   mutable std::mutex pins_mu;
   detail::WriteIndex pinned;  // guarded by pins_mu
+  // Records of discovered graphs the runtime reported gone
+  // (on_capture_graph_gone) that the next drain_log drops: they pin nothing
+  // from the report on, so that the call that learnt of it (empty_cache, the
+  // out-of-memory retry) can already return the graph's memory. Guarded by
+  // pins_mu.
+  absl::flat_hash_set<GraphHandle> gone_pins;
   // Set while this thread calls the allocator's end_allocate_to_pool with mu
   // held: its hook then has nothing to do (and must not take mu). Defined
   // here (inline, constant-initialised) so that no source file needs a TLS

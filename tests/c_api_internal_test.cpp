@@ -1,6 +1,7 @@
 // The C ABI over the process-wide allocator (host runtime), white-box: a
 // capture through the C ABI whose kernels are launched on the process-wide
 // runtime (reached through c_api/global.hpp), checked and replayed strictly.
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -331,5 +332,109 @@ TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the captur
   capalloc_torch_free(p, 4096, 0, side);
   REQUIRE_OK(rt.destroy_graph(*graph));
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+}
+
+// Found by tests/fuzz/c_api_fuzzer: the tracker learns that a native graph
+// is gone only at its next operation, and until then its record kept the
+// graph's memory mapped, so empty_cache (and the out-of-memory retry) could
+// not return the memory of a graph already destroyed.
+TEST_CASE("C ABI: empty_cache returns the memory of a destroyed native graph at once",
+          "[c_api][torch][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  // What earlier cases left to be reclaimed goes first (a check catches the
+  // tracker up with graphs destroyed before).
+  const char* json = nullptr;
+  REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  capalloc_stats before{};
+  REQUIRE(capalloc_get_stats(0, &before) == CAPALLOC_OK);
+
+  // PyTorch's capture: begin, the native capture writing its block, end.
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 33, 0, nullptr, nullptr) == CAPALLOC_OK);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  constexpr std::size_t kBytes = 1 << 16;
+  void* p = capalloc_torch_malloc(kBytes, 0, side);
+  REQUIRE(p != nullptr);
+  REQUIRE_OK(rt.memset_async(p, 0, kBytes, stream));
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 33, 0, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_torch_release_pool(0, 33, 0) == CAPALLOC_OK);
+  capalloc_torch_free(p, kBytes, 0, side);
+  capalloc_stats live{};
+  REQUIRE(capalloc_get_stats(0, &live) == CAPALLOC_OK);
+  CHECK(live.reserved_bytes > before.reserved_bytes);  // the graph keeps its memory
+
+  // PyTorch destroys the graph; nothing else happens before empty_cache.
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  capalloc_stats after{};
+  REQUIRE(capalloc_get_stats(0, &after) == CAPALLOC_OK);
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+  CHECK(after.segments == before.segments);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+}
+
+// Found by tests/fuzz/c_api_fuzzer: empty_cache processed the frees deferred
+// during a capture before it ended the routes of captures that were over (a
+// native capture nobody announced, a graph destroyed), so those frees stayed
+// deferred, and their memory reserved, until some later call.
+TEST_CASE("C ABI: empty_cache completes frees deferred by a native capture that is over",
+          "[c_api][capture][fuzz]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* side = nullptr;
+  void* user = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_create(0, &user) == CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+
+  // A block also used on `user`, freed while a native capture is routed.
+  void* p = nullptr;
+  REQUIRE(capalloc_malloc(&p, 4096, 0, nullptr) == CAPALLOC_OK);
+  REQUIRE(capalloc_record_stream(p, user) == CAPALLOC_OK);
+  REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
+  void* q = nullptr;
+  REQUIRE(capalloc_malloc(&q, 4096, 0, side) == CAPALLOC_OK);  // the capture shows
+  auto graph = rt.end_capture(stream);
+  REQUIRE_OK(graph);
+  REQUIRE(capalloc_free(p) == CAPALLOC_OK);  // deferred: the route is still there
+  capalloc_stats s{};
+  REQUIRE(capalloc_get_stats(0, &s) == CAPALLOC_OK);
+  CHECK(s.pending_free_blocks == 1);
+
+  // The capture is over: empty_cache ends its route, then records the free's
+  // event on `user`; once `user` has passed it, the next call completes it.
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_synchronize(user) == CAPALLOC_OK);
+  // `user` is held busy now: an event recorded only from here on (as it was
+  // when empty_cache left the free deferred) could not complete.
+  std::atomic<bool> go{false};
+  REQUIRE_OK(rt.launch_kernel(reinterpret_cast<capalloc::StreamHandle>(user),
+                              capalloc::KernelLaunch{.name = "hold", .host_body = [&go] {
+                                while (!go.load()) std::this_thread::yield();
+                              }}));
+  void* r = nullptr;
+  REQUIRE(capalloc_malloc(&r, 64, 0, nullptr) == CAPALLOC_OK);  // polls pending frees
+  REQUIRE(capalloc_get_stats(0, &s) == CAPALLOC_OK);
+  CHECK(s.pending_free_blocks == 0);
+  go = true;
+  REQUIRE(capalloc_stream_synchronize(user) == CAPALLOC_OK);
+
+  REQUIRE(capalloc_free(r) == CAPALLOC_OK);
+  REQUIRE(capalloc_free(q) == CAPALLOC_OK);
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(user) == CAPALLOC_OK);
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
 }

@@ -175,6 +175,9 @@ struct State {
   std::vector<void*> streams;            // created, not destroyed
   std::vector<void*> dead_streams;       // destroyed (never reused: handles count up)
   std::set<void*> capturing;             // streams with a capture we began, not ended
+  std::set<void*> native;                // streams in a capture begun on the runtime
+                                         // directly (as PyTorch captures)
+  std::vector<std::uint64_t> native_graphs;  // the runtime's graphs of those
   std::vector<std::uint64_t> pools;      // one entry per handle reference we hold
   std::vector<std::uint64_t> released_pools;
   std::vector<std::uint64_t> graphs;     // captured, not destroyed
@@ -464,7 +467,10 @@ void add_graph(State& st, std::uint64_t graph) {
   st.graphs.push_back(graph);
 }
 
-bool any_capture(const State& st) { return !st.capturing.empty(); }
+bool any_capture(const State& st) { return !st.capturing.empty() || !st.native.empty(); }
+bool is_capturing(const State& st, void* s) {
+  return st.capturing.count(s) != 0 || st.native.count(s) != 0;
+}
 
 // Allocations through capalloc_malloc, capalloc_malloc_tagged and
 // capalloc_torch_malloc with valid arguments.
@@ -473,7 +479,7 @@ void op_malloc(FuzzedDataProvider& in, State& st) {
   void* stream = pick_live_stream(in, st);
   const int how = in.ConsumeIntegralInRange<int>(0, 3);
   if (st.live.size() >= kMaxBlocks || st.live_bytes + size > kLiveBytesCap) return;
-  const bool stream_capturing = st.capturing.count(stream) != 0;
+  const bool stream_capturing = is_capturing(st, stream);
   void* p = nullptr;
   capalloc_status s = CAPALLOC_OK;
   const char* what = "capalloc_malloc";
@@ -653,7 +659,7 @@ void op_stream(FuzzedDataProvider& in, State& st) {
       const std::size_t i = in.ConsumeIntegralInRange<std::size_t>(0, st.streams.size() - 1);
       void* s = st.streams[i];
       tracef("destroy stream %p", s);
-      const bool capturing = st.capturing.count(s) != 0;
+      const bool capturing = is_capturing(st, s);
       const capalloc_status r =
           CALL(capturing ? Expect::kError : Expect::kAny, capalloc_stream_destroy(s));
       if (r == CAPALLOC_OK) {
@@ -664,7 +670,7 @@ void op_stream(FuzzedDataProvider& in, State& st) {
     }
     case 3: {
       void* s = pick_live_stream(in, st);
-      CALL(st.capturing.count(s) ? Expect::kError : Expect::kAny, capalloc_stream_synchronize(s));
+      CALL(is_capturing(st, s) ? Expect::kError : Expect::kAny, capalloc_stream_synchronize(s));
       return;
     }
     case 4: {  // bad destroys and synchronizes
@@ -746,7 +752,7 @@ void op_capture_begin(FuzzedDataProvider& in, State& st) {
     if (kind >= 1 && !st.pools.empty()) {
       pool = st.pools[in.ConsumeIntegralInRange<std::size_t>(0, st.pools.size() - 1)];
     }
-    const bool already = st.capturing.count(s) != 0;
+    const bool already = is_capturing(st, s);
     tracef("capture on stream %p into pool %llu", s, static_cast<unsigned long long>(pool));
     if (CALL(already ? Expect::kError : Expect::kAny, capalloc_capture_begin(0, s, pool, label_arg)) ==
         CAPALLOC_OK) {
@@ -1174,10 +1180,10 @@ void launch_bodiless_kernel(FuzzedDataProvider& in, const State& st, void* strea
 
 void op_kernel(FuzzedDataProvider& in, State& st) {
   void* stream = nullptr;
-  if (!st.capturing.empty() && in.ConsumeIntegralInRange<int>(0, 3) != 0) {
-    auto it = st.capturing.begin();
-    std::advance(it, in.ConsumeIntegralInRange<std::size_t>(0, st.capturing.size() - 1));
-    stream = *it;
+  std::vector<void*> capturing(st.capturing.begin(), st.capturing.end());
+  capturing.insert(capturing.end(), st.native.begin(), st.native.end());
+  if (!capturing.empty() && in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+    stream = capturing[in.ConsumeIntegralInRange<std::size_t>(0, capturing.size() - 1)];
   } else {
     stream = pick_live_stream(in, st);
   }
@@ -1196,7 +1202,7 @@ void op_capture_scenario(FuzzedDataProvider& in, State& st) {
   }
   std::vector<void*> idle;
   for (void* s : st.streams) {
-    if (st.capturing.count(s) == 0) idle.push_back(s);
+    if (!is_capturing(st, s)) idle.push_back(s);
   }
   if (idle.empty()) return;
   void* s = idle[in.ConsumeIntegralInRange<std::size_t>(0, idle.size() - 1)];
@@ -1308,6 +1314,155 @@ void op_capture_scenario(FuzzedDataProvider& in, State& st) {
   if (in.ConsumeBool()) CALL(Expect::kAny, capalloc_graph_replay(graph, pick_live_stream(in, st)));
 }
 
+// A capture begun on the runtime directly, as PyTorch captures, with its
+// allocations through PyTorch's entry points: the pool hooks route them to
+// a PyTorch pool (capalloc_torch_begin_allocate_to_pool before the capture,
+// the end hook after it), or the allocator finds the capture by itself and
+// gives it a private pool that lives as long as the runtime's graph.
+void op_native_capture(FuzzedDataProvider& in, State& st) {
+  capalloc::DeviceRuntime& rt = device_runtime();
+  const int kind = in.ConsumeIntegralInRange<int>(0, 5);
+  if (kind == 4) {  // replay or destroy a graph of the runtime
+    if (st.native_graphs.empty()) return;
+    const std::size_t i = in.ConsumeIntegralInRange<std::size_t>(0, st.native_graphs.size() - 1);
+    const std::uint64_t g = st.native_graphs[i];
+    if (in.ConsumeBool()) {
+      void* s = pick_live_stream(in, st);
+      tracef("runtime: launch graph %llu on stream %p", static_cast<unsigned long long>(g), s);
+      rt.launch_graph(g, reinterpret_cast<capalloc::StreamHandle>(s)).IgnoreError();
+    } else {
+      tracef("runtime: destroy graph %llu", static_cast<unsigned long long>(g));
+      if (rt.destroy_graph(g).ok()) {
+        st.native_graphs.erase(st.native_graphs.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    }
+    return;
+  }
+  if (kind == 5) {  // end a capture left open
+    if (st.native.empty()) return;
+    void* s = *st.native.begin();
+    tracef("runtime: end capture on stream %p", s);
+    auto graph = rt.end_capture(reinterpret_cast<capalloc::StreamHandle>(s));
+    st.native.erase(s);  // over, whatever the outcome
+    if (graph.ok()) st.native_graphs.push_back(*graph);
+    return;
+  }
+  std::vector<void*> idle;
+  for (void* s : st.streams) {
+    if (!is_capturing(st, s)) idle.push_back(s);
+  }
+  if (idle.empty()) return;
+  void* s = idle[in.ConsumeIntegralInRange<std::size_t>(0, idle.size() - 1)];
+  const auto handle = reinterpret_cast<capalloc::StreamHandle>(s);
+  // PyTorch announces the pool before the capture exists.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> torch_pool;
+  if (in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+    const auto id = pick_torch_pool(in);
+    const bool zero = id.first == 0 && id.second == 0;
+    if (zero || st.torch[id].begins < 6) {
+      capalloc_stream_filter filter = in.ConsumeBool() ? accept_if_context : accept_all;
+      if (in.ConsumeIntegralInRange<int>(0, 5) == 0) filter = reject_all;
+      if (CALL(zero ? Expect::kError : Expect::kAny,
+               capalloc_torch_begin_allocate_to_pool(0, id.first, id.second, filter, s)) ==
+          CAPALLOC_OK) {
+        ++st.torch[id].begins;
+        torch_pool = id;
+      }
+    }
+  }
+  static constexpr capalloc::CaptureMode kModes[] = {
+      capalloc::CaptureMode::kGlobal, capalloc::CaptureMode::kThreadLocal,
+      capalloc::CaptureMode::kRelaxed};
+  const capalloc::CaptureMode mode = in.PickValueInArray(kModes);
+  tracef("runtime: capture on stream %p (mode %d)", s, static_cast<int>(mode));
+  if (!rt.begin_capture(handle, mode).ok()) return;
+  st.native.insert(s);
+  // The C ABI's own capture calls refuse a capture they did not begin.
+  std::uint64_t graph = 0;
+  CALL(Expect::kError, capalloc_capture_end(s, &graph, nullptr));
+  CALL(Expect::kError, capalloc_capture_begin(0, s, 0, nullptr));
+  CALL(Expect::kError, capalloc_stream_synchronize(s));
+
+  std::vector<std::uintptr_t> mine;
+  const int steps = in.ConsumeIntegralInRange<int>(1, 10);
+  for (int i = 0; i < steps; ++i) {
+    switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+      case 0:
+      case 1: {
+        const std::size_t size = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::size_t>(1, 8192)
+                                                  : pick_size(in);
+        if (st.live.size() >= kMaxBlocks || st.live_bytes + size > kLiveBytesCap) break;
+        void* p = nullptr;
+        if (in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+          p = capalloc_torch_malloc(size, 0, s);
+        } else if (CALL(Expect::kAny, capalloc_malloc(&p, size, 0, s)) != CAPALLOC_OK) {
+          p = nullptr;
+        }
+        tracef("  native capture malloc(%zu) = %p", size, p);
+        if (p == nullptr) break;
+        add_block(st, p, size, "malloc (native capture)");
+        mine.push_back(reinterpret_cast<std::uintptr_t>(p));
+        break;
+      }
+      case 2: {  // PyTorch's free of one of this capture's blocks
+        if (mine.empty()) break;
+        const std::size_t j = in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1);
+        const auto addr = mine[j];
+        const capalloc_stats before = stats_now("torch_free (native capture)");
+        capalloc_torch_free(reinterpret_cast<void*>(addr), st.live.at(addr).size, 0, s);
+        const capalloc_stats after = stats_now("torch_free (native capture)");
+        tracef("  native capture torch_free %p: %lld blocks -> %lld", reinterpret_cast<void*>(addr),
+               static_cast<long long>(before.allocated_blocks),
+               static_cast<long long>(after.allocated_blocks));
+        if (after.allocated_blocks == before.allocated_blocks - 1) remove_block(st, addr);
+        mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(j));
+        break;
+      }
+      case 3: {
+        if (!mine.empty() && in.ConsumeBool()) {
+          const Block& b =
+              st.live.at(mine[in.ConsumeIntegralInRange<std::size_t>(0, mine.size() - 1)]);
+          const std::size_t offset = in.ConsumeIntegralInRange<std::size_t>(0, b.size - 1);
+          const std::size_t bytes = in.ConsumeIntegralInRange<std::size_t>(1, b.size - offset);
+          tracef("  memset %p + %zu, %zu bytes", reinterpret_cast<void*>(b.addr), offset, bytes);
+          rt.memset_async(reinterpret_cast<void*>(b.addr + offset), in.ConsumeIntegral<std::uint8_t>(),
+                          bytes, handle)
+              .IgnoreError();
+        } else {
+          launch_bodiless_kernel(in, st, s);
+        }
+        break;
+      }
+      default: {  // a graph launched into the capture
+        if (st.native_graphs.empty()) break;
+        rt.launch_graph(st.native_graphs[in.ConsumeIntegralInRange<std::size_t>(
+                            0, st.native_graphs.size() - 1)],
+                        handle)
+            .IgnoreError();
+        break;
+      }
+    }
+    check_all(st, "a native capture's step");
+  }
+  if (in.ConsumeIntegralInRange<int>(0, 7) == 0) return;  // left open
+  tracef("runtime: end capture on stream %p", s);
+  auto ended = rt.end_capture(handle);
+  st.native.erase(s);
+  if (ended.ok()) st.native_graphs.push_back(*ended);
+  if (torch_pool && in.ConsumeIntegralInRange<int>(0, 3) != 0) {
+    const char* json = nullptr;
+    if (CALL(Expect::kAny, capalloc_torch_end_allocate_to_pool(0, torch_pool->first,
+                                                              torch_pool->second, &json)) ==
+        CAPALLOC_OK) {
+      require_json(json, "capalloc_torch_end_allocate_to_pool", true);
+    }
+  }
+  if (ended.ok() && in.ConsumeBool()) {
+    rt.launch_graph(*ended, reinterpret_cast<capalloc::StreamHandle>(pick_live_stream(in, st)))
+        .IgnoreError();
+  }
+}
+
 // --- Teardown --------------------------------------------------------------------
 
 // Releases everything the input created; afterwards the allocator must hold
@@ -1321,6 +1476,12 @@ void teardown(State& st) {
     if (capalloc_capture_end(s, &graph, nullptr) == CAPALLOC_OK) add_graph(st, graph);
   }
   st.capturing.clear();
+  capalloc::DeviceRuntime& rt = device_runtime();
+  for (void* s : st.native) {
+    auto ended = rt.end_capture(reinterpret_cast<capalloc::StreamHandle>(s));
+    if (ended.ok()) st.native_graphs.push_back(*ended);
+  }
+  st.native.clear();
   checked(capalloc_set_strict(0), Expect::kOk, "teardown: capalloc_set_strict(0)");
   // PyTorch's pools: end every begin, then give up every use.
   for (auto& [id, model] : st.torch) {
@@ -1341,6 +1502,11 @@ void teardown(State& st) {
   for (std::uint64_t g : st.graphs) {
     checked(capalloc_graph_destroy(g), Expect::kOk, "teardown: capalloc_graph_destroy");
   }
+  for (std::uint64_t g : st.native_graphs) {
+    if (!rt.destroy_graph(g).ok()) die("teardown: the runtime refused to destroy graph %llu",
+                                       static_cast<unsigned long long>(g));
+  }
+  st.native_graphs.clear();
   st.graphs.clear();
   for (const auto& [key, addr] : st.persistent) {
     verify_pattern(st.live.at(addr), "teardown: before release_persistent");
@@ -1365,10 +1531,14 @@ void teardown(State& st) {
   st.streams.clear();
   // Frees used on the default stream (record_stream) wait for its work to
   // run; empty_cache waits for nothing, so run it first. Destroyed streams
-  // ran their work when destroyed.
-  checked(capalloc_stream_synchronize(nullptr), Expect::kOk,
-          "teardown: capalloc_stream_synchronize(default stream)");
-  checked(capalloc_empty_cache(-1), Expect::kOk, "teardown: capalloc_empty_cache(-1)");
+  // ran their work when destroyed. A free deferred during a capture gets its
+  // event only in the first empty_cache (the capture's route is over by
+  // then): the second finds it passed.
+  for (int round = 0; round < 2; ++round) {
+    checked(capalloc_stream_synchronize(nullptr), Expect::kOk,
+            "teardown: capalloc_stream_synchronize(default stream)");
+    checked(capalloc_empty_cache(-1), Expect::kOk, "teardown: capalloc_empty_cache(-1)");
+  }
   check_all(st, "teardown");
   const capalloc_stats s = stats_now("teardown");
   if (s.allocated_bytes != 0 || s.reserved_bytes != 0 || s.segments != 0 ||
@@ -1404,7 +1574,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const char* const kOpNames[] = {
       "malloc",        "free",        "free(bad)",    "malloc(bad)",    "record_stream",
       "stream",        "pool",        "capture_begin", "capture_end",   "graph",
-      "persistent",    "torch_pool",  "misc",         "capture_scenario", "kernel"};
+      "persistent",    "torch_pool",  "misc",         "capture_scenario", "kernel", "native_capture"};
   constexpr int kOps = static_cast<int>(sizeof(kOpNames) / sizeof(kOpNames[0]));
   for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
     const int op = in.ConsumeIntegralInRange<int>(0, kOps - 1);
@@ -1427,7 +1597,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 11: op_torch_pool(in, st); break;
       case 12: op_misc(in, st); break;
       case 13: op_capture_scenario(in, st); break;
-      default: op_kernel(in, st); break;
+      case 14: op_kernel(in, st); break;
+      default: op_native_capture(in, st); break;
     }
     check_all(st, kOpNames[op]);
   }
