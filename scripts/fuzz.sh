@@ -139,6 +139,12 @@ grep -E '^(stat::|Done [0-9]+ runs)' "$LOG" || true
 execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$LOG" | tail -n 1)"
 
 artifacts=("$WORK/artifacts"/*)
+if ((rc == 72)) && [[ ! -e "${artifacts[0]}" ]]; then
+  # libFuzzer's exit status for a run stopped by a signal (SIGINT, SIGTERM):
+  # nothing was found, but the run did not finish either.
+  echo "fuzz.sh: INTERRUPTED: the fuzzer was stopped by a signal after ${execs:-?} executions" >&2
+  exit 1
+fi
 if ((rc != 0)) || [[ -e "${artifacts[0]}" ]]; then
   keep_work=1
   echo "fuzz.sh: FAILED (exit status $rc); the fuzzer's report:" >&2

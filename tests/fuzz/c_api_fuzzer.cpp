@@ -8,7 +8,10 @@
 // stats, checks and snapshots. Malformed calls are mixed in: garbage and
 // interior pointers, double frees, garbage and destroyed streams, NULL
 // out-parameters, unknown devices, zero and huge sizes, released pools and
-// graphs, unknown keys and keys with odd bytes.
+// graphs, unknown keys and keys with odd bytes. What the C ABI cannot do goes
+// to the process-wide runtime directly (see "Kernels" below): kernels and
+// memsets, so that graphs write something and the alias rule has work, and
+// native captures with PyTorch's entry points, as PyTorch makes them.
 //
 // A call may fail; what must never happen (and aborts the run, so that
 // libFuzzer records the input):
@@ -492,7 +495,11 @@ void op_malloc(FuzzedDataProvider& in, State& st) {
     what = "capalloc_malloc_tagged";
     s = CALL(Expect::kAny, capalloc_malloc_tagged(&p, size, 0, stream,
                                                    null_tag ? nullptr : tag.c_str(), persistent));
-    if (persistent && any_capture(st) && s == CAPALLOC_OK) {
+    // Refused while a capture capalloc knows of is active on the device (the
+    // default CaptureGuardScope): one begun through capalloc_capture_begin
+    // is known from its begin. (A native capture is known only once it
+    // allocates through capalloc: CUDA cannot list a device's captures.)
+    if (persistent && !st.capturing.empty() && s == CAPALLOC_OK) {
       die("capalloc_malloc_tagged(persistent) succeeded while a capture is active");
     }
   } else {
@@ -1579,8 +1586,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (int n = 0; n < kMaxOps && in.remaining_bytes() > 0; ++n) {
     const int op = in.ConsumeIntegralInRange<int>(0, kOps - 1);
     if (g_trace) {
-      std::fprintf(stderr, "op %d: %s (live blocks %zu, streams %zu, capturing %zu)\n", n,
-                   kOpNames[op], st.live.size(), st.streams.size(), st.capturing.size());
+      std::fprintf(stderr, "op %d: %s (live blocks %zu, streams %zu, capturing %zu + %zu native)\n",
+                   n, kOpNames[op], st.live.size(), st.streams.size(), st.capturing.size(),
+                   st.native.size());
     }
     switch (op) {
       case 0: op_malloc(in, st); break;
