@@ -284,24 +284,34 @@ struct Harm {
 // returns every live block's memory; `start` gets the fills.
 absl::StatusOr<std::map<int, std::vector<float>>> replay_real(
     Run& r, const Graph& g, int varied, std::map<int, std::vector<float>>* start) {
-  for (int b : r.live) {
-    std::vector<float> v(r.floats[b]);
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      v[i] = b == varied ? 2.0f * fill_value(b, i) : fill_value(b, i);  // exact, and different
-    }
-    CAPALLOC_RETURN_IF_ERROR(
-        r.rt->memcpy_async(r.ptr[b], v.data(), v.size() * sizeof(float), kDefaultStream));
-    if (start != nullptr) (*start)[b] = std::move(v);
-  }
-  CAPALLOC_RETURN_IF_ERROR(r.rt->launch_graph(g.handle, kDefaultStream));
+  // Every copy is queued on the stream, so the host buffers they read and
+  // write (`fills`, `real`) must outlive the stream's work: this function
+  // drains the stream before it returns, on errors too.
+  std::map<int, std::vector<float>> fills;
   std::map<int, std::vector<float>> real;
-  for (int b : r.live) {
-    std::vector<float> v(r.floats[b]);
-    CAPALLOC_RETURN_IF_ERROR(
-        r.rt->memcpy_async(v.data(), r.ptr[b], v.size() * sizeof(float), kDefaultStream));
-    real[b] = std::move(v);
-  }
-  CAPALLOC_RETURN_IF_ERROR(r.rt->synchronize_stream(kDefaultStream));
+  const absl::Status queued = [&]() -> absl::Status {
+    for (int b : r.live) {
+      std::vector<float>& v = fills[b];
+      v.resize(r.floats[b]);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = b == varied ? 2.0f * fill_value(b, i) : fill_value(b, i);  // exact, and different
+      }
+      CAPALLOC_RETURN_IF_ERROR(
+          r.rt->memcpy_async(r.ptr[b], v.data(), v.size() * sizeof(float), kDefaultStream));
+    }
+    CAPALLOC_RETURN_IF_ERROR(r.rt->launch_graph(g.handle, kDefaultStream));
+    for (int b : r.live) {
+      std::vector<float>& v = real[b];
+      v.resize(r.floats[b]);
+      CAPALLOC_RETURN_IF_ERROR(
+          r.rt->memcpy_async(v.data(), r.ptr[b], v.size() * sizeof(float), kDefaultStream));
+    }
+    return absl::OkStatus();
+  }();
+  const absl::Status drained = r.rt->synchronize_stream(kDefaultStream);
+  CAPALLOC_RETURN_IF_ERROR(queued);
+  CAPALLOC_RETURN_IF_ERROR(drained);
+  if (start != nullptr) *start = std::move(fills);
   return real;
 }
 
