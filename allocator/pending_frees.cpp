@@ -96,12 +96,18 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   // work has run (destroy_stream waits for it before forgetting the stream),
   // so the free needs no event on it. Without this, such a free failed with
   // "block left allocated" (a leak under PyTorch, which never retries).
+  // One capture_info per stream: it both drops the gone streams and says
+  // whether a remaining one is capturing (see `defer` below).
+  bool capturing = false;
   auto& used = block->used_on;
   used.erase(std::remove_if(used.begin(), used.end(),
                             [&](StreamHandle s) {
                               auto info = runtime->capture_info(s);
-                              return !info.ok() &&
-                                     info.status().code() == absl::StatusCode::kNotFound;
+                              if (info.ok()) {
+                                capturing |= info->status != CaptureStatus::kNone;
+                                return false;
+                              }
+                              return info.status().code() == absl::StatusCode::kNotFound;
                             }),
              used.end());
   if (block->used_on.empty()) {
@@ -119,13 +125,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   // Used on other streams: reusable once they pass an event recorded now. An
   // event on a capturing stream would become part of the graph, so such a
   // free waits in `deferred` until the capture is over.
-  bool defer = !events_allowed(device);
-  for (StreamHandle s : block->used_on) {
-    if (defer) break;
-    auto info = runtime->capture_info(s);
-    defer = info.ok() && info->status != CaptureStatus::kNone;
-  }
-  if (defer) {
+  if (capturing || !events_allowed(device)) {
     deferred.push_back(block);
   } else if (absl::Status s = record_free_events(block); !s.ok()) {
     return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",

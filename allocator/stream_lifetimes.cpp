@@ -48,30 +48,41 @@ void Allocator::Impl::apply_gone_streams() {
     streams.swap(gone_streams->streams);
     gone_streams->any.store(false, std::memory_order_relaxed);
   }
+  // One pass over the live and deferred blocks for every stream reported
+  // since the last call, however many there are.
+  std::sort(streams.begin(), streams.end());
+  streams.erase(std::unique(streams.begin(), streams.end()), streams.end());
+  auto gone = [&streams](StreamHandle s) {
+    return std::binary_search(streams.begin(), streams.end(), s);
+  };
+  auto forget = [&gone](Block* block) {
+    auto& used = block->used_on;
+    used.erase(std::remove_if(used.begin(), used.end(), gone), used.end());
+  };
   for (StreamHandle stream : streams) {
     known_streams.erase(stream);
     if (last_known_stream == stream) last_known_stream = kDefaultStream;
-    auto forget = [stream](Block* block) {
-      auto& used = block->used_on;
-      used.erase(std::remove(used.begin(), used.end(), stream), used.end());
-    };
-    for (auto& [addr, block] : live) forget(block);
-    // Frees deferred only for this stream's sake complete now. (Events
-    // already recorded on it have completed too: process_pending sees them.)
-    auto keep = deferred.begin();
-    for (Block* block : deferred) {
-      forget(block);
-      if (!block->used_on.empty()) {
-        *keep++ = block;
-        continue;
-      }
-      detail::Pool* pool = block->segment->pool;
-      pool->give_back(block);
-      maybe_destroy_pool(pool);
+  }
+  for (auto& [addr, block] : live) {
+    if (!block->used_on.empty()) forget(block);
+  }
+  // Frees deferred only for these streams' sake complete now. (Events
+  // already recorded on them have completed too: process_pending sees them.)
+  auto keep = deferred.begin();
+  for (Block* block : deferred) {
+    forget(block);
+    if (!block->used_on.empty()) {
+      *keep++ = block;
+      continue;
     }
-    deferred.erase(keep, deferred.end());
-    for (int d = 0; d < static_cast<int>(devices.size()); ++d) {
-      if (!events_allowed(d)) continue;  // a capture is routed: no release now
+    detail::Pool* pool = block->segment->pool;
+    pool->give_back(block);
+    maybe_destroy_pool(pool);
+  }
+  deferred.erase(keep, deferred.end());
+  for (int d = 0; d < static_cast<int>(devices.size()); ++d) {
+    if (!events_allowed(d)) continue;  // a capture is routed: no release now
+    for (StreamHandle stream : streams) {
       release_segments(d, *devices[d].default_pool, stream).IgnoreError();
       for (auto& [handle, pool] : devices[d].graph_pools) {
         if (!pool->referenced()) release_segments(d, *pool, stream).IgnoreError();

@@ -55,7 +55,11 @@ capalloc_status to_code(const absl::Status& status) {
 namespace capalloc::detail {
 
 capalloc_status report_c_status(const absl::Status& status) {
-  last_error = status.ok() ? std::string() : std::string(status.message());
+  if (status.ok()) {
+    last_error.clear();  // keeps the buffer: no allocation on the success path
+  } else {
+    last_error.assign(status.message().data(), status.message().size());
+  }
   return to_code(status);
 }
 

@@ -28,7 +28,7 @@ const std::string& c_last_error();
 template <typename Body>
 capalloc_status with_global(Body&& body) noexcept {
   return report_c_status(guarded("capalloc", [&]() -> absl::Status {
-    auto global = global_capalloc();
+    const auto& global = global_capalloc();
     if (!global.ok()) return global.status();
     return body(*global);
   }));

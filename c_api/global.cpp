@@ -2,7 +2,6 @@
 #include "c_api/global.hpp"
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "common/config.hpp"
@@ -40,13 +39,14 @@ absl::StatusOr<GlobalCapalloc> make_global() {
 
 }  // namespace
 
-absl::StatusOr<GlobalCapalloc> global_capalloc() {
-  static std::once_flag once;
-  static absl::StatusOr<GlobalCapalloc>* instance = nullptr;
-  std::call_once(once, [] {
-    instance = new absl::StatusOr<GlobalCapalloc>(make_global());
-    if (!instance->ok()) log().error("capalloc could not start: {}", instance->status().ToString());
-  });
+const absl::StatusOr<GlobalCapalloc>& global_capalloc() {
+  // Never destroyed (see global.hpp): blocks may be freed from static
+  // destructors that run after ours would have.
+  static const absl::StatusOr<GlobalCapalloc>* const instance = [] {
+    auto* made = new absl::StatusOr<GlobalCapalloc>(make_global());
+    if (!made->ok()) log().error("capalloc could not start: {}", made->status().ToString());
+    return made;
+  }();
   return *instance;
 }
 

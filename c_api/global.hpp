@@ -31,7 +31,10 @@ struct GlobalCapalloc {
   std::string host_fallback_reason;
 };
 
-absl::StatusOr<GlobalCapalloc> global_capalloc();
+// The process-wide capalloc, made on the first call (thread-safe); every
+// call returns the same object, by reference: this is on the path of every
+// C ABI call, so it costs one guard check, no copy.
+const absl::StatusOr<GlobalCapalloc>& global_capalloc();
 
 }  // namespace capalloc::detail
 

@@ -16,6 +16,37 @@ namespace {
 // The process-wide allocator reads CAPALLOC_RUNTIME once, on first use.
 void use_host_runtime() { ::setenv("CAPALLOC_RUNTIME", "host", 1); }
 
+// The process-wide allocator on the host runtime, its runtime reached
+// directly (as PyTorch's native captures reach CUDA), and a side stream
+// created through the C ABI, destroyed by the case.
+struct NativeScene {
+  capalloc::DeviceRuntime* rt = nullptr;
+  void* side = nullptr;
+  capalloc::StreamHandle stream = capalloc::kDefaultStream;
+
+  NativeScene() {
+    use_host_runtime();
+    auto global = capalloc::detail::global_capalloc();
+    REQUIRE_OK(global);
+    rt = global->allocator->device_runtime();
+    REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+    stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  }
+};
+
+capalloc_stats device0_stats() {
+  capalloc_stats s{};
+  REQUIRE(capalloc_get_stats(0, &s) == CAPALLOC_OK);
+  return s;
+}
+
+// After empty_cache, device 0 holds what it held at `before`.
+void check_memory_back_to(const capalloc_stats& before) {
+  const capalloc_stats after = device0_stats();
+  CHECK(after.reserved_bytes == before.reserved_bytes);
+  CHECK(after.segments == before.segments);
+}
+
 
 }  // namespace
 TEST_CASE("C ABI: capture, findings as JSON, strict replay and persistent buffers (seed 003 arm A)",
@@ -257,16 +288,12 @@ TEST_CASE("C ABI: PyTorch's pool hooks route captures, share pools and check at 
 // invariant check called that state a bug (CAPALLOC_ERROR_INTERNAL).
 TEST_CASE("C ABI: a graph pool kept for another graph's record passes the invariant check",
           "[c_api][capture][fuzz]") {
-  use_host_runtime();
-  auto global = capalloc::detail::global_capalloc();
-  REQUIRE_OK(global);
-  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
-  void* side = nullptr;
-  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
-  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  NativeScene scene;
+  capalloc::DeviceRuntime& rt = *scene.rt;
+  void* side = scene.side;
+  const capalloc::StreamHandle stream = scene.stream;
   REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
-  capalloc_stats before{};
-  REQUIRE(capalloc_get_stats(0, &before) == CAPALLOC_OK);
+  const capalloc_stats before = device0_stats();
 
   // Graph A's private pool holds X, live after A's capture.
   REQUIRE(capalloc_capture_begin(0, side, 0, "A") == CAPALLOC_OK);
@@ -293,10 +320,7 @@ TEST_CASE("C ABI: a graph pool kept for another graph's record passes the invari
   REQUIRE(capalloc_graph_destroy(b) == CAPALLOC_OK);
   REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
-  capalloc_stats after{};
-  REQUIRE(capalloc_get_stats(0, &after) == CAPALLOC_OK);
-  CHECK(after.reserved_bytes == before.reserved_bytes);
-  CHECK(after.segments == before.segments);
+  check_memory_back_to(before);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
 
@@ -306,13 +330,10 @@ TEST_CASE("C ABI: a graph pool kept for another graph's record passes the invari
 // underway for good, and the pool could never be released.
 TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the capture's route",
           "[c_api][torch][fuzz]") {
-  use_host_runtime();
-  auto global = capalloc::detail::global_capalloc();
-  REQUIRE_OK(global);
-  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
-  void* side = nullptr;
-  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
-  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  NativeScene scene;
+  capalloc::DeviceRuntime& rt = *scene.rt;
+  void* side = scene.side;
+  const capalloc::StreamHandle stream = scene.stream;
 
   REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 31, 0, nullptr, nullptr) == CAPALLOC_OK);
   REQUIRE_OK(rt.begin_capture(stream, capalloc::CaptureMode::kGlobal));
@@ -341,20 +362,16 @@ TEST_CASE("C ABI: PyTorch's end hook after a check that already ended the captur
 // not return the memory of a graph already destroyed.
 TEST_CASE("C ABI: empty_cache returns the memory of a destroyed native graph at once",
           "[c_api][torch][fuzz]") {
-  use_host_runtime();
-  auto global = capalloc::detail::global_capalloc();
-  REQUIRE_OK(global);
-  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
-  void* side = nullptr;
-  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
-  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  NativeScene scene;
+  capalloc::DeviceRuntime& rt = *scene.rt;
+  void* side = scene.side;
+  const capalloc::StreamHandle stream = scene.stream;
   // What earlier cases left to be reclaimed goes first (a check catches the
   // tracker up with graphs destroyed before).
   const char* json = nullptr;
   REQUIRE(capalloc_check(&json) == CAPALLOC_OK);
   REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
-  capalloc_stats before{};
-  REQUIRE(capalloc_get_stats(0, &before) == CAPALLOC_OK);
+  const capalloc_stats before = device0_stats();
 
   // PyTorch's capture: begin, the native capture writing its block, end.
   REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 33, 0, nullptr, nullptr) == CAPALLOC_OK);
@@ -375,10 +392,7 @@ TEST_CASE("C ABI: empty_cache returns the memory of a destroyed native graph at 
   // PyTorch destroys the graph; nothing else happens before empty_cache.
   REQUIRE_OK(rt.destroy_graph(*graph));
   REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
-  capalloc_stats after{};
-  REQUIRE(capalloc_get_stats(0, &after) == CAPALLOC_OK);
-  CHECK(after.reserved_bytes == before.reserved_bytes);
-  CHECK(after.segments == before.segments);
+  check_memory_back_to(before);
   CHECK(capalloc_check_invariants() == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
@@ -389,15 +403,12 @@ TEST_CASE("C ABI: empty_cache returns the memory of a destroyed native graph at 
 // deferred, and their memory reserved, until some later call.
 TEST_CASE("C ABI: empty_cache completes frees deferred by a native capture that is over",
           "[c_api][capture][fuzz]") {
-  use_host_runtime();
-  auto global = capalloc::detail::global_capalloc();
-  REQUIRE_OK(global);
-  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
-  void* side = nullptr;
+  NativeScene scene;
+  capalloc::DeviceRuntime& rt = *scene.rt;
+  void* side = scene.side;
+  const capalloc::StreamHandle stream = scene.stream;
   void* user = nullptr;
-  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
   REQUIRE(capalloc_stream_create(0, &user) == CAPALLOC_OK);
-  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
 
   // A block also used on `user`, freed while a native capture is routed.
   void* p = nullptr;

@@ -2,80 +2,21 @@
 // --help on the program and every command, missing, invalid and unknown
 // arguments (exit 2 with CLI11's message), the CAPALLOC_* variables honoured
 // and flags overriding them.
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "run_program.hpp"
 #include "test_support.hpp"
-
-extern char** environ;
 
 namespace {
 
-struct Run {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Run = capalloc::testing::ProgramRun;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// Runs the CLI with `args` in this process's environment minus every
-// CAPALLOC_* variable, plus `env`.
+// The CLI with `args`, in this environment minus CAPALLOC_* plus `env`.
 Run capalloc_cli(const std::vector<std::string>& args,
                  const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "CAPALLOC_", 9) != 0) env_strings.emplace_back(*e);
-  }
-  for (const auto& [name, value] : env) env_strings.push_back(name + "=" + value);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings = {CAPALLOC_CLI_PATH};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  char out_path[] = "/tmp/capalloc_cli_test_out_XXXXXX";
-  char err_path[] = "/tmp/capalloc_cli_test_err_XXXXXX";
-  const int out_fd = ::mkstemp(out_path);
-  const int err_fd = ::mkstemp(err_path);
-  REQUIRE(out_fd >= 0);
-  REQUIRE(err_fd >= 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(out_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(out_fd);
-  ::close(err_fd);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  Run r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
-  ::unlink(out_path);
-  ::unlink(err_path);
-  return r;
+  return capalloc::testing::run_program(CAPALLOC_CLI_PATH, args, env);
 }
 
 #define CHECK_RUN(run, code)                                              \

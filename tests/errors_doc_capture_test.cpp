@@ -5,13 +5,6 @@
 // row of docs/errors.md (tests/check_errors_doc.cmake keeps them together).
 #include "errors_doc_support.hpp"
 
-using namespace capalloc;
-using namespace capalloc::errors_doc;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
-using capalloc::testing::same_state;
-using Code = absl::StatusCode;
-
 // --- Captures and the tracker ----------------------------------------------------------
 
 TEST_CASE("errors: CaptureTracker::create over a runtime without the graph seam",

@@ -4,13 +4,7 @@
 // the doc promises after the error. Each TEST_CASE name is referenced from a
 // row of docs/errors.md (tests/check_errors_doc.cmake keeps them together).
 #include "errors_doc_support.hpp"
-
-using namespace capalloc;
-using namespace capalloc::errors_doc;
-using capalloc::testing::host_runtime;
-using capalloc::testing::make_allocator;
-using capalloc::testing::same_state;
-using Code = absl::StatusCode;
+#include "run_program.hpp"
 
 // --- The host runtime ----------------------------------------------------------------------
 
@@ -210,58 +204,17 @@ TEST_CASE("errors: a backend without the entry point, or built for another libca
 #ifdef CAPALLOC_CLI_PATH
 namespace {
 
-struct CliRun {
-  int exit_code = -1;
-  std::string err;
-};
-
-// Runs the CLI with `args`, its environment this one's minus CAPALLOC_*
-// plus `env`; returns its exit status and stderr.
-CliRun run_cli(const std::vector<std::string>& args,
-               const std::vector<std::pair<std::string, std::string>>& env) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "CAPALLOC_", 9) != 0) env_strings.emplace_back(*e);
-  }
-  for (const auto& [name, value] : env) env_strings.push_back(name + "=" + value);
-  std::vector<char*> envp;
-  for (std::string& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> argv_strings = {CAPALLOC_CLI_PATH};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  char err_path[] = "/tmp/capalloc_errors_doc_err_XXXXXX";
-  const int err_fd = ::mkstemp(err_path);
-  REQUIRE(err_fd >= 0);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    const int null_fd = ::open("/dev/null", O_WRONLY);
-    ::dup2(null_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  ::close(err_fd);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  r.err = text.str();
-  ::unlink(err_path);
-  return r;
+// The CLI with `args`, in this environment minus CAPALLOC_* plus `env`.
+capalloc::testing::ProgramRun run_cli(const std::vector<std::string>& args,
+                                      const std::vector<std::pair<std::string, std::string>>& env) {
+  return capalloc::testing::run_program(CAPALLOC_CLI_PATH, args, env);
 }
 
 }  // namespace
 
 TEST_CASE("errors: the CLI exits 1 when the runtime it is told to use is unavailable",
           "[errors][cli]") {
-  const CliRun r = run_cli({"describe", "--runtime", "cuda"},
+  const auto r = run_cli({"describe", "--runtime", "cuda"},
                            {{"CAPALLOC_BACKEND_PATH", scratch_dir("empty")}});
   INFO(r.err);
   CHECK(r.exit_code == 1);

@@ -292,4 +292,7 @@ inline std::string scratch_dir(const std::string& name) {
 
 }  // namespace capalloc::errors_doc
 
+// The four errors_doc_*_test.cpp files use the names above unqualified.
+using namespace capalloc::errors_doc;
+
 #endif  // CAPALLOC_TESTS_ERRORS_DOC_SUPPORT_HPP_
