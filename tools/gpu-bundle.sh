@@ -3,13 +3,19 @@
 # and gathers it into one self-contained directory that can travel to a bare
 # GPU machine (no Debian packages, no network) and run there.
 #
-#   bash tools/gpu-bundle.sh [--out DIR] [--build-dir DIR] [--no-install]
+#   bash tools/gpu-bundle.sh [--out DIR] [--build-dir DIR | --from-build DIR] [--no-install]
 #
-#   --out DIR        the bundle (default: gpu-bundle/ in the repository; git-ignored)
-#   --build-dir DIR  the CMake build it comes from (default: build-gpu-bundle/)
-#   --no-install     do not run scripts/install-deps.sh first
+#   --out DIR         the bundle (default: gpu-bundle/ in the repository; git-ignored)
+#   --build-dir DIR   the CMake build it comes from (default: build-gpu-bundle/),
+#                     configured here: Release, CUDA on, HIP off
+#   --from-build DIR  take an existing Release build with the CUDA backend as
+#                     it is configured (e.g. build/ after scripts/test.sh):
+#                     its bundle targets are brought up to date, nothing is
+#                     reconfigured; refused if it is not Release or has no
+#                     CUDA backend
+#   --no-install      do not run scripts/install-deps.sh first
 #
-# The build is Release with CUDA on and HIP off. The bundle holds:
+# The bundle holds:
 #   bin/      capalloc (CLI), gpu_runtime_test, capalloc_bench_gemm_cuda
 #   lib/      libcapalloc.so, and every shared library these need that is not
 #             the C/C++ runtime or the NVIDIA driver (Abseil, spdlog, fmt from
@@ -32,17 +38,23 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="$repo_root/gpu-bundle"
 build="$repo_root/build-gpu-bundle"
 install=1
+from_build=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --out) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; out="$2"; shift 2 ;;
-    --build-dir) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; build="$2"; shift 2 ;;
+    --build-dir) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; build="$2"; from_build=0; shift 2 ;;
+    --from-build) [[ $# -ge 2 ]] || { usage >&2; exit 2; }; build="$2"; from_build=1; shift 2 ;;
     --no-install) install=0; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-bundle.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 # Absolute paths: the build runs from elsewhere.
+if ((from_build)) && [[ ! -d "$build" ]]; then
+  echo "gpu-bundle.sh: --from-build '$build': no such directory" >&2
+  exit 2
+fi
 mkdir -p "$out" "$build"
 out="$(cd "$out" && pwd)"
 build="$(cd "$build" && pwd)"
@@ -70,13 +82,36 @@ command -v ninja >/dev/null && generator=(-G Ninja)
 jobs="$(nproc 2>/dev/null || echo 2)"
 targets=(capalloc capalloc_cli gpu_runtime_test capalloc_bench_gemm_cuda)
 
-echo "gpu-bundle.sh: building ${targets[*]} in $build (Release, CUDA on, HIP off)"
-# Configured every time, so an existing build directory gets the bundle's
-# settings too (the generator of an existing one is kept).
-[[ -f "$build/CMakeCache.txt" ]] && generator=()
-cmake -S "$repo_root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DCAPALLOC_WITH_CUDA=ON -DCAPALLOC_WITH_HIP=OFF \
-  -DCAPALLOC_BUILD_TESTS=ON -DCAPALLOC_BUILD_TOOLS=ON >/dev/null
+if ((from_build)); then
+  # An existing build, taken as configured: it must be one the bundle can
+  # come from (Release, so the binaries are what users run; the CUDA backend
+  # built, with its tests and tools).
+  cache="$build/CMakeCache.txt"
+  if [[ ! -f "$cache" ]]; then
+    echo "gpu-bundle.sh: --from-build '$build' is not a CMake build directory (no CMakeCache.txt)" >&2
+    exit 2
+  fi
+  build_type="$(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$cache")"
+  if [[ "$build_type" != Release ]]; then
+    echo "gpu-bundle.sh: --from-build '$build' is a '$build_type' build; the bundle needs Release (or use --build-dir)" >&2
+    exit 2
+  fi
+  cuda_compiler="$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$cache")"
+  if [[ -z "$cuda_compiler" || "$cuda_compiler" == *NOTFOUND ||
+        "$(sed -n 's/^CAPALLOC_WITH_CUDA:[A-Z]*=//p' "$cache")" == OFF ]]; then
+    echo "gpu-bundle.sh: --from-build '$build' was configured without CUDA; the bundle needs the CUDA backend (or use --build-dir)" >&2
+    exit 2
+  fi
+  echo "gpu-bundle.sh: bringing ${targets[*]} up to date in $build (as configured: $build_type)"
+else
+  echo "gpu-bundle.sh: building ${targets[*]} in $build (Release, CUDA on, HIP off)"
+  # Configured every time, so an existing build directory gets the bundle's
+  # settings too (the generator of an existing one is kept).
+  [[ -f "$build/CMakeCache.txt" ]] && generator=()
+  cmake -S "$repo_root" -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCAPALLOC_WITH_CUDA=ON -DCAPALLOC_WITH_HIP=OFF \
+    -DCAPALLOC_BUILD_TESTS=ON -DCAPALLOC_BUILD_TOOLS=ON >/dev/null
+fi
 cmake --build "$build" --parallel "$jobs" --target "${targets[@]}"
 
 echo "gpu-bundle.sh: assembling $out"
