@@ -193,6 +193,8 @@ capalloc_status capalloc_malloc_tagged(void** out, size_t size, int device, void
   });
 }
 
+}  // extern "C"
+
 namespace {
 
 // The handles C callers hold, by pool: what capalloc_pool_create gave them.
@@ -208,6 +210,8 @@ CHandles& c_handles() {
 }
 
 }  // namespace
+
+extern "C" {
 
 capalloc_status capalloc_pool_create(int device, uint64_t* out) {
   if (out == nullptr) return null_argument("capalloc_pool_create", "out");
