@@ -95,9 +95,13 @@ if [[ ! -f "$BUILD/CMakeCache.txt" ]] && command -v ninja >/dev/null 2>&1; then
   generator=(-G Ninja)
 fi
 
+# -O1 with line tables only, as OSS-Fuzz builds its fuzzers: reports name
+# file and line, and the build takes about half as long as -O2 -g.
 echo "fuzz.sh: configuring $BUILD (clang-14, ASan, UBSan, libFuzzer)"
 cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
   -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
   -DCAPALLOC_BUILD_FUZZERS=ON -DCAPALLOC_SANITIZE= \
   -DCAPALLOC_BUILD_TESTS=OFF -DCAPALLOC_BUILD_TOOLS=OFF -DCAPALLOC_WERROR=OFF \
