@@ -97,7 +97,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   // so the free needs no event on it. Without this, such a free failed with
   // "block left allocated" (a leak under PyTorch, which never retries).
   // One capture_info per stream: it both drops the gone streams and says
-  // whether a remaining one is capturing (see `defer` below).
+  // whether a remaining one is capturing (which defers the free, below).
   bool capturing = false;
   auto& used = block->used_on;
   used.erase(std::remove_if(used.begin(), used.end(),
