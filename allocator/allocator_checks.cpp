@@ -157,8 +157,7 @@ absl::Status Allocator::CheckInvariants() const {
       for (const Block* b = segment->first; b != nullptr; b = b->next) {
         if (b->state != BlockState::kAllocated) continue;
         ++allocated;
-        auto it = m.live.find(b->addr);
-        if (it == m.live.end() || it->second != b) {
+        if (m.live.find(b->addr) != b) {
           return absl::InternalError(
               absl::StrFormat("allocated block 0x%x is missing from the pointer table", b->addr));
         }
