@@ -12,7 +12,7 @@
   const SVG_NS = 'http://www.w3.org/2000/svg';
   const LEFT = 178;      // px for the address labels
   const RIGHT = 16;
-  const TOP = 28;        // px for the time axis and capture labels
+  const TOP = 44;        // px for the time axis, capture and replay labels
   const BAND_GAP = 10;
   const BASE_BAND = 150; // px per segment at vertical zoom 1
 
@@ -524,16 +524,27 @@
     root.append(axis);
 
     // Capture windows and replays, across every band.
+    const replays = [];
     model.captures.forEach(function (c) {
       const x0 = X(c.begin);
       const x1 = X(c.end === null ? model.xmax : c.end);
       plot.append(svg('rect', { x: x0, y: TOP - 2, width: Math.max(1, x1 - x0), height: height - TOP, class: 'capture-window' }));
-      plot.append(svg('text', { x: x0 + 3, y: TOP - 6, class: 'muted' }, 'capture ' + c.label));
-      c.replays.forEach(function (r) {
-        const x = X(r.x);
-        plot.append(svg('line', { x1: x, y1: TOP - 2, x2: x, y2: height, class: r.refused ? 'refused-line' : 'replay-line' }));
-        plot.append(svg('text', { x: x + 3, y: 23, class: 'muted' }, (r.refused ? '✕ refused ' : '▶ ') + c.label));
-      });
+      plot.append(svg('text', { x: x0 + 3, y: 25, class: 'muted' }, 'capture ' + c.label));
+      c.replays.forEach(function (r) { replays.push({ x: r.x, refused: r.refused, label: c.label }); });
+    });
+    // Replay lines; a label only where it does not run into the one before.
+    replays.sort(function (a, b) { return a.x - b.x; });
+    let lastLabelEnd = -Infinity;
+    replays.forEach(function (r) {
+      const x = X(r.x);
+      const line = svg('line', { x1: x, y1: TOP - 14, x2: x, y2: height, class: r.refused ? 'refused-line' : 'replay-line' });
+      line.append(svg('title', {}, (r.refused ? 'replay refused: ' : 'replay: ') + r.label + ' (event ' + r.x + ')'));
+      plot.append(line);
+      const text = (r.refused ? '✕ ' : '▶ ') + r.label;
+      if (x + 3 > lastLabelEnd + 6) {
+        plot.append(svg('text', { x: x + 3, y: TOP - 6, class: r.refused ? 'finding-label' : 'muted' }, text));
+        lastLabelEnd = x + 3 + text.length * 6.2;
+      }
     });
 
     p.segments.forEach(function (seg, i) {
@@ -580,12 +591,13 @@
       model.graphs.forEach(function (g) {
         if (!g.shown || g.device !== p.device) return;
         const from = g.cap && g.cap.end !== null ? g.cap.end : 0;
+        const until = g.cap && g.cap.destroyed !== undefined ? g.cap.destroyed : model.xmax;
         g.ranges.forEach(function (rg) {
           if (rg.begin < seg.base || rg.begin >= seg.base + seg.size) return;
           const kind = isWrite(rg) ? 'write' : (rg.mode === 'read' ? 'read' : 'touch');
           const y = Y(rg.begin);
           const h = Math.max(2, rg.bytes / seg.size * bandH);
-          const over = svg('rect', { x: X(from), y: y, width: Math.max(1, X(model.xmax) - X(from)), height: h,
+          const over = svg('rect', { x: X(from), y: y, width: Math.max(1, X(until) - X(from)), height: h,
             fill: 'url(#hatch-' + kind + ')', stroke: 'var(--' + kind + ')', class: 'range', 'fill-opacity': 0.55,
             'data-graph': String(g.graph), 'data-addr': hex(rg.begin) });
           over.addEventListener('mousemove', function (ev) { showRange(ev, g, rg); });
@@ -615,12 +627,22 @@
         mark.addEventListener('mouseleave', hideTip);
         mark.addEventListener('click', function () { focusFinding(i); });
         root.append(mark);
-        root.append(svg('text', { x: LEFT - 16, y: y + 4, 'text-anchor': 'end', class: 'finding-label' }, '#' + (i + 1) + ' ' + f.severity));
+        const short = { hazard: 'hazard', possible: 'possible', cross_graph_output: 'cross-graph' };
+        root.append(svg('text', { x: LEFT - 16, y: y + 4, 'text-anchor': 'end', class: 'finding-label' }, '#' + (i + 1) + ' ' + (short[f.severity] || f.severity)));
         drawn.marks.push({ finding: i, pool: p.key });
-        const labelX = Math.max(X(f.x), LEFT) + 6;
-        const text = svg('text', { x: labelX, y: Math.max(y - 5, y0 + 10), class: 'finding-label' },
-          '#' + (i + 1) + ' ' + (f.label || 'graph ' + f.graph) + ' ' + (f.harm === 'stale_read' ? 'reads stale' : 'clobbers') + ' ' + blockName(f.victim) + ' at ' + hex(f.addr));
-        plot.append(text);
+        // The sentence inside the plot, right-aligned where it would run off.
+        const words = '#' + (i + 1) + ' ' + (f.label || 'graph ' + f.graph) + ' ' +
+          (f.harm === 'stale_read' ? 'reads stale data into' : 'clobbers') + ' ' + blockName(f.victim) + ' at ' + hex(f.addr);
+        const textWidth = words.length * 6.4;
+        const fitsFrom = Math.max(X(f.x), LEFT) + 6;
+        const right = width - RIGHT - 6;
+        const labelAttrs = fitsFrom + textWidth <= right
+          ? { x: fitsFrom, 'text-anchor': 'start' } : { x: right, 'text-anchor': 'end' };
+        labelAttrs.y = y - 5 > y0 + 10 ? y - 5 : y + 14;
+        labelAttrs.class = 'finding-label';
+        const halo = svg('text', Object.assign({}, labelAttrs, { class: 'finding-label halo' }), words);
+        plot.append(halo);
+        plot.append(svg('text', labelAttrs, words));
       });
     });
     root.append(plot);
