@@ -1,6 +1,7 @@
-"""tests/report_page_check.py DOM SNAPSHOT_OR_NONE TRACE_OR_NONE [--arm-a]
+"""tests/report_page_check.py (DOM SNAPSHOT_OR_none TRACE_OR_none arm-a|-)...
 
-Checks one report page as headless Chromium left it after its script ran
+Checks report pages (four arguments each; arm-a for seed 003's arm A). For each
+page it checks as headless Chromium left it after its script ran
 (chromium --dump-dom): the page finished (body[data-ready=yes]); it drew one
 block rectangle per block of its inputs, counted here from the inputs
 themselves (the trace's allocations with an address, plus the snapshot's
@@ -64,9 +65,8 @@ def expected_findings(snapshot, events):
             for e in events if e.get("op") == "finding"]
 
 
-def main():
-    dom_path, snapshot_path, trace_path = sys.argv[1:4]
-    arm_a = "--arm-a" in sys.argv[4:]
+def check_page(dom_path, snapshot_path, trace_path, arm_a):
+    print(f"== {dom_path}")
     dom = Dom()
     with open(dom_path, encoding="utf-8") as f:
         dom.feed(f.read())
@@ -113,7 +113,22 @@ def main():
             check(alias in marks, "and marked there in the drawing")
     if failures:
         print(f"{len(failures)} check(s) failed for {dom_path}")
-        sys.exit(1)
+    return not failures
+
+
+def main():
+    args = sys.argv[1:]
+    if not args or len(args) % 4 != 0:
+        sys.exit(__doc__)
+    ok = True
+    for i in range(0, len(args), 4):
+        dom_path, snapshot_path, trace_path, flag = args[i:i + 4]
+        try:
+            ok = check_page(dom_path, snapshot_path, trace_path, flag == "arm-a") and ok
+        except (OSError, ValueError, KeyError) as e:
+            print(f"FAIL {dom_path}: {e!r}")
+            ok = False
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

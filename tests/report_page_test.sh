@@ -21,6 +21,7 @@ export CAPALLOC_RUNTIME=host CAPALLOC_LOG_LEVEL=error
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 
+echo "scenarios: $(date +%T)"
 "$capalloc" arms --report "$out/arms" >"$out/arms.txt" || fail "capalloc arms --report"
 "$capalloc" gemm-scenario --report "$out/gemm" >"$out/gemm.txt" || fail "capalloc gemm-scenario --report"
 
@@ -59,27 +60,27 @@ pages=()
 for arm in A B C D; do pages+=("arm-$arm=$out/arms/arm-$arm.html"); done
 for arm in status_quo capalloc; do pages+=("gemm-$arm=$out/gemm/gemm-$arm.html"); done
 pages+=("hand=$out/hand.html" "arm-A-snapshot-only=$out/arm-A-snapshot-only.html")
+echo "chromium: $(date +%T)"
 timeout 120 "$python" "$here/report_page_render.py" "$browser" "$out" "${pages[@]}" ||
   fail "rendering in chromium"
 
-# check NAME SNAPSHOT TRACE [--arm-a]
-check() {
-  local name=$1
-  shift
-  echo "== $name"
-  [[ -s "$out/$name.png" ]] || fail "$name: no screenshot"
-  "$python" "$here/report_page_check.py" "$out/$name.dom.html" "$@" || fail "$name: DOM checks"
-}
+# The DOM checks, against the inputs: DOM SNAPSHOT TRACE arm-a|- per page.
+checks=()
 for arm in A B C D; do
-  extra=()
-  [[ $arm == A ]] && extra=(--arm-a)
-  check "arm-$arm" "$out/arms/arm-$arm.snapshot.json" "$out/arms/arm-$arm.trace.jsonl" "${extra[@]}"
+  flag=-
+  [[ $arm == A ]] && flag=arm-a
+  checks+=("$out/arm-$arm.dom.html" "$out/arms/arm-$arm.snapshot.json" "$out/arms/arm-$arm.trace.jsonl" $flag)
 done
 for arm in status_quo capalloc; do
-  check "gemm-$arm" "$out/gemm/gemm-$arm.snapshot.json" "$out/gemm/gemm-$arm.trace.jsonl"
+  checks+=("$out/gemm-$arm.dom.html" "$out/gemm/gemm-$arm.snapshot.json" "$out/gemm/gemm-$arm.trace.jsonl" -)
 done
-check hand none "$out/hand.trace.jsonl"
-check arm-A-snapshot-only "$out/arms/arm-A.snapshot.json" none
+checks+=("$out/hand.dom.html" none "$out/hand.trace.jsonl" -)
+checks+=("$out/arm-A-snapshot-only.dom.html" "$out/arms/arm-A.snapshot.json" none -)
+"$python" "$here/report_page_check.py" "${checks[@]}" || fail "DOM checks"
+for page in "${pages[@]}"; do
+  [[ -s "$out/${page%%=*}.png" ]] || fail "${page%%=*}: no screenshot"
+done
 
+echo "done: $(date +%T)"
 ((failed == 0)) && echo "all report pages rendered and checked; screenshots in $out"
 exit $failed

@@ -223,11 +223,15 @@
       traceFindings.forEach(function (tf) {
         const e = tf.e;
         const a = addr(e.addr);
+        const known = function (seq) { return seq === undefined ? null : (byId.get(seq) || { sequence: seq }); };
+        const victim = known(e.victim);
+        const writer = known(e.writer);
+        const c = e.capture !== undefined ? m.captures.get(e.capture) : null;
         m.findings.push({ addr: a, end: a + (e.size || 0), bytes: e.size, ranges: [{ begin: a, bytes: e.size }],
-          severity: e.severity, harm: '', graph: e.graph, label: 'graph ' + e.graph, capture: e.capture,
-          victim: e.victim !== undefined ? { sequence: e.victim } : null,
-          writer: e.writer !== undefined ? { sequence: e.writer } : null, chain: [], fix: e.message || '',
-          reason: '', x: tf.x, device: e.device || 0 });
+          severity: e.severity, harm: '', graph: e.graph, label: c ? c.label : 'graph ' + e.graph, capture: e.capture,
+          victim: victim, writer: writer,
+          chain: writer && victim ? [{ block: writer, live: writer.end === null }, { block: victim, live: victim.end === null }] : [],
+          fix: e.message || '', reason: '', x: tf.x, device: e.device || 0 });
       });
     }
     // Graph labels from captures where the snapshot has none.
@@ -305,7 +309,7 @@
     const s = svg('svg', { width: 26, height: 14 });
     const fills = { transient: 'var(--transient)', persistent: 'var(--persistent)', graph: 'var(--graph)' };
     if (fills[kind]) s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, fill: fills[kind], class: 'block' }));
-    else if (kind === 'freed') s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, fill: 'var(--transient)', class: 'block freed' }));
+    else if (kind === 'freed') s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, fill: 'var(--transient-freed)', class: 'block freed' }));
     else if (kind === 'pending') s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, fill: 'url(#hatch-pending)', class: 'block' }));
     else if (kind === 'free') s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, class: 'band' }));
     else if (kind === 'write') s.append(svg('rect', { x: 1, y: 1, width: 24, height: 12, fill: 'url(#hatch-write)', stroke: 'var(--write)' }));
@@ -547,6 +551,7 @@
       }
     });
 
+    const usedLabelYs = [];
     p.segments.forEach(function (seg, i) {
       const y0 = TOP + i * (bandH + BAND_GAP);
       const Y = function (a) { return y0 + (a - seg.base) / seg.size * bandH; };
@@ -567,7 +572,8 @@
         const x0 = X(b.start);
         const x1 = X(b.end === null ? model.xmax : b.end);
         const cls = lifetimeClass(b);
-        const fill = b.state === 'pending_free' ? 'url(#hatch-pending)' : 'var(--' + cls + ')';
+        const fill = b.state === 'pending_free' ? 'url(#hatch-pending)'
+          : 'var(--' + cls + (b.end !== null ? '-freed' : '') + ')';
         const r = svg('rect', {
           x: x0, y: Y(b.addr), width: Math.max(1.5, x1 - x0), height: Math.max(1.5, b.size / seg.size * bandH),
           fill: fill, class: 'block ' + cls + (b.end !== null ? ' freed' : ''),
@@ -621,6 +627,11 @@
           plot.append(box);
         });
         const y = Y(f.addr);
+        // Findings at one address (one victim, several graphs) stack their
+        // labels downwards instead of printing over each other.
+        let labelY = y;
+        while (usedLabelYs.some(function (u) { return Math.abs(u - labelY) < 13; })) labelY += 13;
+        usedLabelYs.push(labelY);
         const mark = svg('path', { d: 'M' + (LEFT - 2) + ' ' + y + ' l-11 -7 v14 z', class: 'finding-mark',
           'data-addr': hex(f.addr), 'data-finding': String(i + 1) });
         mark.addEventListener('mousemove', function (ev) { showFinding(ev, f, i); });
@@ -628,7 +639,7 @@
         mark.addEventListener('click', function () { focusFinding(i); });
         root.append(mark);
         const short = { hazard: 'hazard', possible: 'possible', cross_graph_output: 'cross-graph' };
-        root.append(svg('text', { x: LEFT - 16, y: y + 4, 'text-anchor': 'end', class: 'finding-label' }, '#' + (i + 1) + ' ' + (short[f.severity] || f.severity)));
+        root.append(svg('text', { x: LEFT - 16, y: labelY + 4, 'text-anchor': 'end', class: 'finding-label' }, '#' + (i + 1) + ' ' + (short[f.severity] || f.severity)));
         drawn.marks.push({ finding: i, pool: p.key });
         // The sentence inside the plot, right-aligned where it would run off.
         const words = '#' + (i + 1) + ' ' + (f.label || 'graph ' + f.graph) + ' ' +
@@ -638,7 +649,7 @@
         const right = width - RIGHT - 6;
         const labelAttrs = fitsFrom + textWidth <= right
           ? { x: fitsFrom, 'text-anchor': 'start' } : { x: right, 'text-anchor': 'end' };
-        labelAttrs.y = y - 5 > y0 + 10 ? y - 5 : y + 14;
+        labelAttrs.y = y - 5 > y0 + 10 ? labelY - 5 : labelY + 14;
         labelAttrs.class = 'finding-label';
         const halo = svg('text', Object.assign({}, labelAttrs, { class: 'finding-label halo' }), words);
         plot.append(halo);
