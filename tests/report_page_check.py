@@ -8,7 +8,7 @@ themselves (the trace's allocations with an address, plus the snapshot's
 blocks the trace does not name); every finding of the inputs is listed in
 the findings table at its address (the overlap's start) and marked in the
 drawing at that address; the victim's block is drawn at the victim's
-address. With --arm-a: seed 003's arm A has a hazard whose address is where
+address; a snapshot's audit groups are listed, one row each. With arm-a: seed 003's arm A has a hazard whose address is where
 T was and WS now is (the aliasing address), on a block tagged WS.
 """
 import json
@@ -27,6 +27,7 @@ class Dom(HTMLParser):
         self.blocks = []         # attrs of rect.block
         self.finding_rows = []   # attrs of tr.finding
         self.finding_marks = []  # attrs of .finding-mark
+        self.audit_rows = 0      # tr.audit-row
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -39,6 +40,8 @@ class Dom(HTMLParser):
             self.finding_rows.append(a)
         elif "finding-mark" in classes:
             self.finding_marks.append(a)
+        elif tag == "tr" and "audit-row" in classes:
+            self.audit_rows += 1
 
     handle_startendtag = handle_starttag
 
@@ -101,6 +104,11 @@ def check_page(dom_path, snapshot_path, trace_path, arm_a):
             drawn = [b for b in dom.blocks if b.get("data-seq") == str(victim_seq)]
             check(any(addr(b["data-addr"]) == victim_ptr for b in drawn),
                   f"victim #{victim_seq} ('{tag}') drawn at {hex(victim_ptr)}")
+    audit = (snapshot or {}).get("audit")
+    if audit is not None:
+        groups = audit if isinstance(audit, list) else next(
+            (v for v in audit.values() if isinstance(v, list)), [])
+        check(dom.audit_rows == len(groups), f"{dom.audit_rows} audit rows listed, {len(groups)} groups in the snapshot")
     if arm_a:
         t_blocks = [b for b in dom.blocks if b.get("data-tag") == "T"]
         ws_blocks = [b for b in dom.blocks if b.get("data-tag") == "WS"]

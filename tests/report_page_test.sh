@@ -2,10 +2,11 @@
 # tests/report_page_test.sh CAPALLOC OUT_DIR PYTHON: the visual report
 # (docs/report.md) rendered in headless Chromium. Writes the reports of
 # `capalloc arms --report`, `capalloc gemm-scenario --report`, a hand-written
-# event trace and a snapshot alone; renders each page, keeps a screenshot of
-# it (OUT_DIR/*.png) and checks the DOM the page's script left
-# (tests/report_page_check.py): every block drawn, every finding listed and
-# marked at its address, arm A's finding at the aliasing address.
+# event trace, a snapshot alone and a snapshot with an audit section; renders
+# each page, keeps a screenshot of it (OUT_DIR/*.png) and checks the DOM the
+# page's script left (tests/report_page_check.py): every block drawn, every
+# finding listed and marked at its address, arm A's finding at the aliasing
+# address, the audit's groups listed.
 # Exit 77 (skipped) when no Chromium is installed: scripts/install-deps.sh
 # installs Debian's `chromium`, so CI always runs it.
 set -uo pipefail
@@ -48,6 +49,17 @@ TRACE
 "$capalloc" report "$out/hand.trace.jsonl" -o "$out/hand.html" >/dev/null || fail "capalloc report (trace)"
 "$capalloc" report "$out/arms/arm-A.snapshot.json" -o "$out/arm-A-snapshot-only.html" >/dev/null ||
   fail "capalloc report (snapshot alone)"
+# A snapshot with an audit section (the retention audit's live_since groups).
+"$python" - "$out/arms/arm-A.snapshot.json" "$out/audit.snapshot.json" <<'PY' || fail "writing the audit snapshot"
+import json, sys
+snapshot = json.load(open(sys.argv[1]))
+snapshot["audit"] = {"checkpoint": 1, "live_since": [
+    {"tag": "decoder.layer3", "site": "model.py:42 (forward)", "bytes": 1048576, "count": 2},
+    {"tag": "", "site": "launch.py:7", "bytes": 512, "count": 1}]}
+json.dump(snapshot, open(sys.argv[2], "w"))
+PY
+"$capalloc" report "$out/arms/arm-A.trace.jsonl" "$out/audit.snapshot.json" -o "$out/audit.html" >/dev/null ||
+  fail "capalloc report (trace and snapshot with an audit)"
 
 # A file that is neither is refused, naming it.
 echo '[1, 2]' >"$out/bad.json"
@@ -59,7 +71,7 @@ err=$("$capalloc" report "$out/bad.json" -o "$out/bad.html" 2>&1)
 pages=()
 for arm in A B C D; do pages+=("arm-$arm=$out/arms/arm-$arm.html"); done
 for arm in status_quo capalloc; do pages+=("gemm-$arm=$out/gemm/gemm-$arm.html"); done
-pages+=("hand=$out/hand.html" "arm-A-snapshot-only=$out/arm-A-snapshot-only.html")
+pages+=("hand=$out/hand.html" "arm-A-snapshot-only=$out/arm-A-snapshot-only.html" "audit=$out/audit.html")
 echo "chromium: $(date +%T)"
 timeout 120 "$python" "$here/report_page_render.py" "$browser" "$out" "${pages[@]}" ||
   fail "rendering in chromium"
@@ -76,6 +88,7 @@ for arm in status_quo capalloc; do
 done
 checks+=("$out/hand.dom.html" none "$out/hand.trace.jsonl" -)
 checks+=("$out/arm-A-snapshot-only.dom.html" "$out/arms/arm-A.snapshot.json" none -)
+checks+=("$out/audit.dom.html" "$out/audit.snapshot.json" "$out/arms/arm-A.trace.jsonl" arm-a)
 "$python" "$here/report_page_check.py" "${checks[@]}" || fail "DOM checks"
 for page in "${pages[@]}"; do
   [[ -s "$out/${page%%=*}.png" ]] || fail "${page%%=*}: no screenshot"

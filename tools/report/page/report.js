@@ -436,17 +436,18 @@
     if (!rows || rows.length === 0) { box.append(el('p', { class: 'empty' }, 'Nothing allocated since the checkpoint is still live.')); return; }
     const keys = [];
     rows.forEach(function (r) { for (const k in r) if (keys.indexOf(k) < 0) keys.push(k); });
-    const table = el('table', { id: 'audit-table' });
+    const table = el('table', { id: 'audit-table', 'data-rows': String(rows.length) });
     const head = el('tr');
     keys.forEach(function (k) { head.append(el('th', {}, k.replace(/_/g, ' '))); });
     table.append(head);
     rows.forEach(function (r) {
-      const tr = el('tr');
+      const tr = el('tr', { class: 'audit-row' });
       keys.forEach(function (k) {
         const v = r[k];
         let text;
         if (v === undefined || v === null) text = '';
         else if (typeof v === 'number' && /bytes/.test(k)) text = human(v);
+        else if (k === 'tag' && v === '') text = '(untagged)';
         else if (Array.isArray(v)) text = v.map(function (x) { return typeof x === 'object' ? JSON.stringify(x) : String(x); }).join('\n');
         else if (typeof v === 'object') text = JSON.stringify(v);
         else text = String(v);
