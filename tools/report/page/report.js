@@ -477,7 +477,8 @@
     });
     root.append(d);
   }
-  // Legend swatches use the patterns too: one hidden SVG holds them.
+  // The hatch patterns, for the drawings and the legend: one hidden SVG
+  // holds them, so that each id exists once in the page.
   (function () {
     const holder = svg('svg', { width: 0, height: 0, style: 'position:absolute' });
     defs(holder);
@@ -507,7 +508,6 @@
     const bandH = BASE_BAND * view.yZoom;
     const height = TOP + p.segments.length * (bandH + BAND_GAP) + 4;
     const root = svg('svg', { width: width, height: height, viewBox: '0 0 ' + width + ' ' + height });
-    defs(root);
     const X = xScale(width);
     const clip = svg('clipPath', { id: 'clip-' + p.key.replace(/[^a-z0-9]/gi, '_') });
     clip.append(svg('rect', { x: LEFT, y: 0, width: width - LEFT - RIGHT, height: height }));
@@ -703,8 +703,10 @@
   }
   function zoomY(factor) { view.yZoom = Math.min(40, Math.max(0.3, view.yZoom * factor)); drawAll(); }
   function reset() { view.x0 = 0; view.x1 = model.xmax; view.yZoom = 1; drawAll(); }
+  // Dragging pans time. The drag lives on the window, as every redraw
+  // replaces the SVG the drag began on.
+  let drag = null;
   function attachZoom(root, width) {
-    const X = xScale(width);
     const toX = function (px) { return view.x0 + (px - LEFT) / (width - LEFT - RIGHT) * (view.x1 - view.x0); };
     root.addEventListener('wheel', function (ev) {
       ev.preventDefault();
@@ -712,20 +714,21 @@
       if (ev.shiftKey) zoomY(1 / factor);
       else zoomX(factor, toX(ev.offsetX));
     }, { passive: false });
-    let drag = null;
-    root.addEventListener('mousedown', function (ev) { drag = { px: ev.clientX, x0: view.x0, x1: view.x1 }; root.classList.add('dragging'); });
-    window.addEventListener('mouseup', function () { drag = null; root.classList.remove('dragging'); });
-    root.addEventListener('mousemove', function (ev) {
-      if (!drag) return;
-      const dx = (ev.clientX - drag.px) / (width - LEFT - RIGHT) * (drag.x1 - drag.x0);
-      view.x0 = drag.x0 - dx;
-      view.x1 = drag.x1 - dx;
-      clampX();
-      if (Math.abs(ev.clientX - drag.px) > 2) { const d = drag; drawAll(); drag = d; }
+    root.addEventListener('mousedown', function (ev) {
+      drag = { px: ev.clientX, x0: view.x0, x1: view.x1, width: width };
+      document.body.classList.add('dragging');
     });
     root.addEventListener('dblclick', reset);
-    void X;
   }
+  window.addEventListener('mouseup', function () { drag = null; document.body.classList.remove('dragging'); });
+  window.addEventListener('mousemove', function (ev) {
+    if (!drag || Math.abs(ev.clientX - drag.px) <= 2) return;
+    const dx = (ev.clientX - drag.px) / (drag.width - LEFT - RIGHT) * (drag.x1 - drag.x0);
+    view.x0 = drag.x0 - dx;
+    view.x1 = drag.x1 - dx;
+    clampX();
+    drawAll();
+  });
   document.getElementById('zoom-in').addEventListener('click', function () { zoomX(0.5); });
   document.getElementById('zoom-out').addEventListener('click', function () { zoomX(2); });
   document.getElementById('taller').addEventListener('click', function () { zoomY(1.5); });
