@@ -3,8 +3,9 @@
 // trace, or both), rebuilds each block's lifetime, and draws every pool's
 // address space over time as SVG: x is the trace's event index (a snapshot
 // alone is one moment), y the address within each segment. It then writes
-// what it drew into DOM attributes (body[data-block-count], the findings'
-// rows and marks with data-addr) for tests/report_page_test.sh.
+// what it drew into DOM attributes (body[data-block-count]: the blocks in
+// the time window shown, all of them until one zooms; the findings' rows and
+// marks with data-addr) for tests/report_page_test.sh.
 'use strict';
 
 (function () {
@@ -570,6 +571,8 @@
       // Blocks.
       p.blocks.forEach(function (b) {
         if (b.segment !== seg) return;
+        // Outside the zoomed time window: not drawn (large traces stay quick).
+        if (b.start > view.x1 || (b.end !== null && b.end < view.x0)) return;
         const x0 = X(b.start);
         const x1 = X(b.end === null ? model.xmax : b.end);
         const cls = lifetimeClass(b);
