@@ -602,7 +602,10 @@
         if (!g.shown || g.device !== p.device) return;
         const from = g.cap && g.cap.end !== null ? g.cap.end : 0;
         const until = g.cap && g.cap.destroyed !== undefined ? g.cap.destroyed : model.xmax;
-        g.ranges.forEach(function (rg) {
+        // Reads first, writes over them: a write is what can clobber.
+        const ordered = g.ranges.filter(function (r) { return !isWrite(r); })
+          .concat(g.ranges.filter(isWrite));
+        ordered.forEach(function (rg) {
           if (rg.begin < seg.base || rg.begin >= seg.base + seg.size) return;
           const kind = isWrite(rg) ? 'write' : (rg.mode === 'read' ? 'read' : 'touch');
           const y = Y(rg.begin);
