@@ -611,7 +611,7 @@
           const y = Y(rg.begin);
           const h = Math.max(2, rg.bytes / seg.size * bandH);
           const over = svg('rect', { x: X(from), y: y, width: Math.max(1, X(until) - X(from)), height: h,
-            fill: 'url(#hatch-' + kind + ')', stroke: 'var(--' + kind + ')', class: 'range', 'fill-opacity': 0.55,
+            fill: 'url(#hatch-' + kind + ')', stroke: 'var(--' + kind + ')', class: 'range', 'fill-opacity': 0.8,
             'data-graph': String(g.graph), 'data-addr': hex(rg.begin) });
           over.addEventListener('mousemove', function (ev) { showRange(ev, g, rg); });
           over.addEventListener('mouseleave', hideTip);
