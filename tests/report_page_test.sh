@@ -92,6 +92,10 @@ checks+=("$out/audit.dom.html" "$out/audit.snapshot.json" "$out/arms/arm-A.trace
 "$python" "$here/report_page_check.py" "${checks[@]}" || fail "DOM checks"
 for page in "${pages[@]}"; do
   [[ -s "$out/${page%%=*}.png" ]] || fail "${page%%=*}: no screenshot"
+  # Self-contained: no URL but the SVG namespace, no external script or link.
+  urls=$(grep -Eo "https?://[^\"' )]*" "${page#*=}" | grep -vx 'http://www.w3.org/2000/svg')
+  [[ -z "$urls" ]] || fail "${page%%=*}: refers to $urls"
+  grep -Eq '<script[^>]* src=|<link[^>]* href=' "${page#*=}" && fail "${page%%=*}: loads a file"
 done
 
 echo "done: $(date +%T)"
