@@ -135,6 +135,17 @@ struct BlockInfo {
   MemorySpan span() const { return {ptr, size}; }
 };
 
+// A copy of one segment (one reservation from the runtime) and the blocks
+// that tile it: allocated, free and pending-free, in address order.
+struct SegmentInfo {
+  const void* base = nullptr;
+  std::size_t size = 0;
+  int device = 0;
+  StreamHandle stream = kDefaultStream;  // the stream owning the segment
+  PoolHandle pool = kDefaultPool;
+  std::vector<BlockInfo> blocks;
+};
+
 // What the allocator tells a CaptureListener.
 struct BlockEvent {
   enum class Kind { kAllocate, kFree };
@@ -286,6 +297,11 @@ class CAPALLOC_API Allocator {
   // Every allocated block of `device` overlapping one of `spans`, in address
   // order, each once. O(blocks of the segments the spans touch + spans).
   std::vector<BlockInfo> live_blocks(int device, std::vector<MemorySpan> spans) const;
+  // Every segment of `device` (default and graph pools), in address order,
+  // each with every block tiling it; empty for an unknown device. A copy
+  // taken under the lock: O(blocks), for snapshots and reports, not the hot
+  // path.
+  std::vector<SegmentInfo> segments(int device) const;
 
   // Verifies the allocator's invariants on every device: live blocks never
   // overlap, blocks tile their segments exactly, no two free physical
