@@ -19,6 +19,7 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "capalloc/capture.hpp"
 #include "capture/graph_order.hpp"
 
@@ -29,15 +30,21 @@ namespace capalloc::detail {
 struct IndexedRecord {
   WriteRecord record;
   GraphOrder order;
-  absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> by_writer;
 
   IndexedRecord(WriteRecord r, GraphOrder order);
   // Indices of the writes overlapping `span`. O(log writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+  // Indices of the accesses made through block `sequence`, in capture order.
+  absl::Span<const std::size_t> accesses_through(std::uint64_t sequence) const;
 
  private:
   std::vector<std::size_t> by_begin_;  // write indices sorted by start address
   std::size_t longest_ = 0;
+  // Write indices grouped by the block written through (capture order within
+  // a group), and each block's group as [first, last) in it: one array for
+  // the record rather than a vector per block.
+  std::vector<std::size_t> by_writer_;
+  absl::flat_hash_map<std::uint64_t, std::pair<std::size_t, std::size_t>> writer_groups_;
 };
 
 // Every graph's writes by address, per device.

@@ -29,24 +29,28 @@ void BlockHistory::AddressIndex::for_overlapping(MemorySpan span, F&& visit) con
 }
 
 Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick) {
-  if (auto it = by_sequence_.find(block.sequence); it != by_sequence_.end()) {
-    return occupants_[it->second];
-  }
-  const std::size_t index = occupants_.size();
-  occupants_.push_back(Occupant{block, alloc_tick});
-  by_sequence_.emplace(block.sequence, index);
-  device_of_.emplace(block.sequence, device);
+  return occupants_[note_index(device, block, alloc_tick)];
+}
+
+std::size_t BlockHistory::note_index(int device, const BlockRef& block,
+                                     std::uint64_t alloc_tick) {
+  const auto [it, inserted] = by_sequence_.try_emplace(block.sequence, occupants_.size());
+  if (!inserted) return it->second;
+  const std::size_t index = it->second;
+  Occupant& o = occupants_.emplace_back();
+  o.block = block;
+  o.alloc_tick = alloc_tick;
+  o.device = device;
   DeviceIndex& d = devices_[device];
   d.all.add(block.span().begin(), block.size, index);
   d.live.add(block.span().begin(), block.size, index);
   if (block.capture == 0) d.live_outside.add(block.span().begin(), block.size, index);
-  return occupants_[index];
+  return index;
 }
 
 void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_tick,
                          CaptureId capture, std::size_t position) {
-  note(device, block, 0);
-  const std::size_t index = by_sequence_.at(block.sequence);
+  const std::size_t index = note_index(device, block, 0);
   Occupant& o = occupants_[index];
   if (!o.live()) return;  // already recorded
   o.free_tick = free_tick;
@@ -62,13 +66,12 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   // Frees keep their order: sort the freed ones by tick when re-listing.
   occupants_ = std::move(occupants);
   by_sequence_.clear();
-  absl::flat_hash_map<std::uint64_t, int> device_of;
+  by_sequence_.reserve(occupants_.size());
   devices_.clear();
   std::vector<std::size_t> freed;
   for (std::size_t i = 0; i < occupants_.size(); ++i) {
     const Occupant& o = occupants_[i];
-    const int device = device_of_.at(o.block.sequence);
-    device_of.emplace(o.block.sequence, device);
+    const int device = o.device;
     by_sequence_.emplace(o.block.sequence, i);
     DeviceIndex& d = devices_[device];
     d.all.add(o.block.span().begin(), o.block.size, i);
@@ -82,8 +85,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   std::sort(freed.begin(), freed.end(), [&](std::size_t a, std::size_t b) {
     return occupants_[a].free_tick < occupants_[b].free_tick;
   });
-  for (std::size_t i : freed) devices_[device_of.at(occupants_[i].block.sequence)].freed.push_back(i);
-  device_of_ = std::move(device_of);
+  for (std::size_t i : freed) devices_[occupants_[i].device].freed.push_back(i);
 }
 
 void BlockHistory::forget_live(int device, std::uint64_t sequence) {

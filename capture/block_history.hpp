@@ -31,6 +31,7 @@ struct Occupant {
   std::uint64_t free_tick = 0;   // 0: live (as far as the tracker knows)
   CaptureId freed_in_capture = 0;
   std::size_t freed_at = 0;
+  int device = 0;
 
   bool live() const { return free_tick == 0; }
   ChainLink link() const {
@@ -96,11 +97,12 @@ class BlockHistory {
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
   void rebuild(std::deque<Occupant> occupants);
+  // note(), returning the occupant's index.
+  std::size_t note_index(int device, const BlockRef& block, std::uint64_t alloc_tick);
 
   std::deque<Occupant> occupants_;  // a deque: growing never moves an occupant
   absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
   absl::flat_hash_map<int, DeviceIndex> devices_;
-  absl::flat_hash_map<std::uint64_t, int> device_of_;  // sequence -> device
 };
 
 }  // namespace capalloc::detail

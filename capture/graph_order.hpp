@@ -31,7 +31,7 @@ class GraphOrder {
   static GraphOrder capture_order();
   // The order of the runtime's edges. Errors (kInvalidArgument): an edge to a
   // node that does not exist, a node depending on itself, or a cycle.
-  static absl::StatusOr<GraphOrder> from_edges(const GraphDependencies& dependencies);
+  static absl::StatusOr<GraphOrder> from_edges(GraphDependencies dependencies);
 
   // Whether the order comes from the graph's edges (else: capture order).
   bool from_edges() const { return from_edges_; }

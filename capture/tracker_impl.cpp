@@ -272,7 +272,7 @@ absl::StatusOr<const detail::IndexedRecord*> CaptureTracker::Impl::record_of(
 detail::GraphOrder CaptureTracker::Impl::order_of(GraphHandle graph) const {
   auto dependencies = runtime->graph_dependencies(graph);
   if (!dependencies.ok()) return detail::GraphOrder::capture_order();
-  auto order = detail::GraphOrder::from_edges(*dependencies);
+  auto order = detail::GraphOrder::from_edges(*std::move(dependencies));
   if (order.ok()) return *std::move(order);
   detail::log().warn("graph {}: its edges cannot be used ({}); capture order stands in for them",
                      graph, std::string(order.status().message()));
@@ -428,7 +428,7 @@ void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
   }
   detail::GraphOrder order = detail::GraphOrder::capture_order();
   if (auto deps = rt.captured_graph_dependencies(it->second.graph); deps.ok()) {
-    if (auto from_edges = detail::GraphOrder::from_edges(*deps); from_edges.ok()) {
+    if (auto from_edges = detail::GraphOrder::from_edges(*std::move(deps)); from_edges.ok()) {
       order = *std::move(from_edges);
     }
   }

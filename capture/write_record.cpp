@@ -61,9 +61,15 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
   std::vector<const Occupant*> candidates;
   std::vector<MemorySpan> covered;
   record.writes.reserve(record.writes.size() + writes.size());
+  // Nodes of one kernel come in runs: intern its name once per run.
+  std::string_view op;
+  const std::string* op_of = nullptr;
   for (const GraphWrite& w : writes) {
     weakest = std::max(weakest, w.evidence);
-    const std::string_view op = intern(w.op);
+    if (op_of == nullptr || *op_of != w.op) {
+      op = intern(w.op);
+      op_of = &w.op;
+    }
     covered.clear();
     candidates.clear();
     history.live_overlapping(window.device, w.span, candidates);
