@@ -48,12 +48,19 @@ std::vector<MemorySpan> left_clobbered(const IndexedRecord& record,
   if (own.empty()) return {range};
   const GraphOrder& order = record.order;
   std::vector<MemorySpan> restored;
+  bool restored_whole = false;  // one restoring write covers the range (common: the
+                                // victim's own output write after a transient's)
   for (const RecordedWrite* a : own) {
     if (writes_whole(*a, optimistic) && order.before(clobber, a->position)) {
+      if (a->span.begin() <= range.begin() && a->span.end() >= range.end()) {
+        restored_whole = true;
+        break;
+      }
       restored.push_back(a->span);
     }
   }
-  std::vector<MemorySpan> harmed = subtract(range, restored);
+  std::vector<MemorySpan> harmed;
+  if (!restored_whole) harmed = subtract(range, std::move(restored));
   for (const RecordedWrite* a : own) {
     if (writes_whole(*a, optimistic) || a->position == clobber ||
         order.before(a->position, clobber)) {
@@ -228,6 +235,7 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int dev
       span.begin() > d->second.longest ? span.begin() - d->second.longest : 0;
   for (auto it = d->second.by_begin.lower_bound(from);
        it != d->second.by_begin.end() && it->first < span.end(); ++it) {
+    ++visited_;
     if (it->second.end > span.begin()) out.emplace_back(it->second.graph, it->second.write);
   }
   return out;
@@ -547,6 +555,9 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
   // access's description would stand).
   std::size_t named_position = 0;
   std::vector<MemorySpan> named_left;
+  // The victim's own accesses (per candidate: those overlapping its bytes).
+  const absl::Span<const std::size_t> through = r.accesses_through(victim.sequence);
+  std::vector<const RecordedWrite*> own;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
     if (w.mode == AccessMode::kRead) continue;  // reads never clobber
@@ -554,8 +565,13 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     const MemorySpan overlap = intersect(w.span, victim.span());
     if (overlap.bytes == 0) continue;
     const bool footprint = w.evidence == WriteEvidence::kFootprint;
-    std::vector<const RecordedWrite*> own;
-    if (!footprint) own = victim_accesses(r, victim, overlap);
+    own.clear();
+    if (!footprint) {
+      for (std::size_t k : through) {
+        const RecordedWrite& a = r.record.writes[k];
+        if (a.span.overlaps(overlap)) own.push_back(&a);
+      }
+    }
     std::vector<MemorySpan> left =
         footprint ? std::vector<MemorySpan>{overlap}
                   : left_clobbered(r, own, overlap, w.position, /*optimistic=*/false);

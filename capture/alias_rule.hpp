@@ -54,8 +54,11 @@ class WriteIndex {
   void remove(const IndexedRecord& record);
   // (graph, write index) of every write overlapping `span` on `device`.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
+  // Entries scanned by `overlapping` so far (the tracker's work counter).
+  std::uint64_t visited() const { return visited_; }
 
  private:
+  mutable std::uint64_t visited_ = 0;
   struct Entry {
     GraphHandle graph;
     std::size_t write;
