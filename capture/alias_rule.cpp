@@ -125,6 +125,20 @@ std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpa
   return merged(std::move(stale));
 }
 
+// True when a whole write (mode kWrite) through the block `read` goes
+// through, ordered before it, covers `range`.
+bool covered_before(const IndexedRecord& record, const RecordedWrite& read, MemorySpan range) {
+  if (read.writer.sequence == 0) return false;
+  for (std::size_t i : record.accesses_through(read.writer.sequence)) {
+    const RecordedWrite& w = record.record.writes[i];
+    if (w.mode == AccessMode::kWrite && w.span.begin() <= range.begin() &&
+        w.span.end() >= range.end() && record.order.before(w.position, read.position)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string describe_path(const std::vector<std::size_t>& path) {
   std::vector<std::string> steps;
   for (std::size_t p : path) steps.push_back(absl::StrCat("node ", p));
@@ -609,6 +623,7 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
   Finding* f = nullptr;
   std::size_t named_position = 0;
   std::vector<MemorySpan> named_stale;
+  const bool victim_untouched = victim.sequence == 0 || r.accesses_through(victim.sequence).empty();
   for (std::size_t i : candidates) {
     const RecordedWrite& a = r.record.writes[i];
     if (a.mode == AccessMode::kWrite) continue;  // reads, updates and state read first
@@ -626,6 +641,11 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     // Bytes the graph wrote earlier in this replay, through any block, are
     // its own data, not the victim's.
     const bool footprint = a.evidence == WriteEvidence::kFootprint;
+    // The common case, answered from the reading block's own accesses: a
+    // whole write through it, ordered before the read, covers the bytes,
+    // and the graph has no access through the victim (which alone could put
+    // the victim's data back): read_from_outside would find nothing stale.
+    if (!footprint && victim_untouched && covered_before(r, a, overlap)) continue;
     const std::vector<MemorySpan> stale =
         footprint ? std::vector<MemorySpan>{overlap}
                   : read_from_outside(r, overlap, a.position, victim.sequence,
