@@ -220,10 +220,30 @@ std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) cons
 void WriteIndex::add(const IndexedRecord& r) {
   DeviceWrites& d = devices_[r.record.device];
   for (std::size_t i = 0; i < r.record.writes.size(); ++i) {
-    const MemorySpan& s = r.record.writes[i].span;
+    const RecordedWrite& w = r.record.writes[i];
+    const MemorySpan& s = w.span;
     d.by_begin.emplace(s.begin(), Entry{r.record.graph, i, s.end()});
     d.longest = std::max(d.longest, s.bytes);
+    if (index_writers_ && w.writer.sequence != 0) {
+      by_writer_[w.writer.sequence].push_back({s.begin(), added_, r.record.graph, i});
+    }
+    ++added_;
   }
+}
+
+std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
+    std::uint64_t sequence) const {
+  std::vector<std::pair<GraphHandle, std::size_t>> out;
+  auto it = by_writer_.find(sequence);
+  if (it == by_writer_.end()) return out;
+  std::vector<ThroughEntry> entries = it->second;
+  visited_ += entries.size();
+  std::sort(entries.begin(), entries.end(), [](const ThroughEntry& a, const ThroughEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.added < b.added;
+  });
+  out.reserve(entries.size());
+  for (const ThroughEntry& e : entries) out.emplace_back(e.graph, e.write);
+  return out;
 }
 
 void WriteIndex::remove(const IndexedRecord& r) {
@@ -231,6 +251,11 @@ void WriteIndex::remove(const IndexedRecord& r) {
   if (d == devices_.end()) return;
   auto& by_begin = d->second.by_begin;
   for (const RecordedWrite& w : r.record.writes) {
+    if (auto t = by_writer_.find(w.writer.sequence);
+        index_writers_ && w.writer.sequence != 0 && t != by_writer_.end()) {
+      std::erase_if(t->second, [&](const ThroughEntry& e) { return e.graph == r.record.graph; });
+      if (t->second.empty()) by_writer_.erase(t);
+    }
     // A btree erase invalidates every other iterator: compare keys, not an
     // end iterator taken before the erase.
     for (auto it = by_begin.lower_bound(w.span.begin());

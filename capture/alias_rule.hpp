@@ -50,15 +50,32 @@ struct IndexedRecord {
 // Every graph's writes by address, per device.
 class WriteIndex {
  public:
+  // `by_writer`: also index accesses by the block they go through (for
+  // `through`); an index asked only by address skips that cost.
+  explicit WriteIndex(bool by_writer = true) : index_writers_(by_writer) {}
   void add(const IndexedRecord& record);
   void remove(const IndexedRecord& record);
   // (graph, write index) of every write overlapping `span` on `device`.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
-  // Entries scanned by `overlapping` so far (the tracker's work counter).
+  // (graph, write index) of every access made through block `sequence`, in
+  // the order `overlapping` would list them (by start address, then as
+  // added). O(those accesses), however many other writes share its bytes.
+  std::vector<std::pair<GraphHandle, std::size_t>> through(std::uint64_t sequence) const;
+  // Entries scanned by `overlapping` and `through` so far (the tracker's
+  // work counter).
   std::uint64_t visited() const { return visited_; }
 
  private:
+  struct ThroughEntry {
+    std::uintptr_t begin;
+    std::uint64_t added;  // order of addition, for ties on `begin`
+    GraphHandle graph;
+    std::size_t write;
+  };
+  bool index_writers_ = true;
   mutable std::uint64_t visited_ = 0;
+  std::uint64_t added_ = 0;
+  absl::flat_hash_map<std::uint64_t, std::vector<ThroughEntry>> by_writer_;
   struct Entry {
     GraphHandle graph;
     std::size_t write;

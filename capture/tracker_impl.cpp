@@ -199,7 +199,8 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
 void CaptureTracker::Impl::complete_finding(Finding& f) const {
   ++work.findings;
   std::vector<detail::VictimAccess> accesses;
-  const auto overlapping = index.overlapping(device_of(f), f.victim.span());
+  // Every graph's accesses through the victim (blocks are on one device).
+  const auto overlapping = index.through(f.victim.sequence);
   work.accesses += overlapping.size();
   for (auto [graph, i] : overlapping) {
     auto it = records.find(graph);

@@ -148,7 +148,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // them, under a lock of its own, which the allocator takes with its lock
   // held (pins_mu is a leaf: nothing is called while it is held).
   mutable std::mutex pins_mu;
-  detail::WriteIndex pinned;  // guarded by pins_mu
+  detail::WriteIndex pinned{/*by_writer=*/false};  // guarded by pins_mu
   // Records of discovered graphs the runtime reported gone
   // (on_capture_graph_gone) that the next drain_log drops: they pin nothing
   // from the report on, so that the call that learnt of it (empty_cache, the
