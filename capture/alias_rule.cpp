@@ -236,7 +236,7 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
   std::vector<std::pair<GraphHandle, std::size_t>> out;
   auto it = by_writer_.find(sequence);
   if (it == by_writer_.end()) return out;
-  std::vector<ThroughEntry> entries = it->second;
+  std::vector<ThroughEntry> entries(it->second.begin(), it->second.end());
   visited_ += entries.size();
   std::sort(entries.begin(), entries.end(), [](const ThroughEntry& a, const ThroughEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.added < b.added;
@@ -253,8 +253,11 @@ void WriteIndex::remove(const IndexedRecord& r) {
   for (const RecordedWrite& w : r.record.writes) {
     if (auto t = by_writer_.find(w.writer.sequence);
         index_writers_ && w.writer.sequence != 0 && t != by_writer_.end()) {
-      std::erase_if(t->second, [&](const ThroughEntry& e) { return e.graph == r.record.graph; });
-      if (t->second.empty()) by_writer_.erase(t);
+      auto& entries = t->second;
+      entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                   [&](const ThroughEntry& e) { return e.graph == r.record.graph; }),
+                    entries.end());
+      if (entries.empty()) by_writer_.erase(t);
     }
     // A btree erase invalidates every other iterator: compare keys, not an
     // end iterator taken before the erase.

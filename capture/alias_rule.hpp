@@ -19,6 +19,7 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "capalloc/capture.hpp"
 #include "capture/graph_order.hpp"
@@ -75,7 +76,8 @@ class WriteIndex {
   bool index_writers_ = true;
   mutable std::uint64_t visited_ = 0;
   std::uint64_t added_ = 0;
-  absl::flat_hash_map<std::uint64_t, std::vector<ThroughEntry>> by_writer_;
+  // Most blocks are accessed by one graph: one entry inline, no allocation.
+  absl::flat_hash_map<std::uint64_t, absl::InlinedVector<ThroughEntry, 1>> by_writer_;
   struct Entry {
     GraphHandle graph;
     std::size_t write;
