@@ -92,6 +92,8 @@ TEST_CASE("release queue: bad input is an error that changes nothing") {
 
   status = w.queue->release(0, StreamHandle{987654}, [&] { ran = true; });
   CHECK(status.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(status.message()).find("never created or already destroyed") !=
+        std::string::npos);
 
   int x = 0;
   status = w.queue->release(0, w.stream, [&] { ran = true; }, {{&x, 0}});
