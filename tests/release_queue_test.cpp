@@ -55,6 +55,7 @@ TEST_CASE("release queue: the callback runs only after the stream's work up to t
   CHECK(released_after_kernel);
   second_gate.open();
   REQUIRE_OK(w.rt->synchronize_stream(w.stream));
+  REQUIRE_OK(w.queue->drain());  // the callbacks have returned before their promises go
 }
 
 TEST_CASE("release queue: requests on one stream run in request order") {
@@ -76,6 +77,7 @@ TEST_CASE("release queue: requests on one stream run in request order") {
   std::vector<int> expected(20);
   for (int i = 0; i < 20; ++i) expected[i] = i;
   CHECK(order == expected);
+  REQUIRE_OK(w.queue->drain());
 }
 
 TEST_CASE("release queue: bad input is an error that changes nothing") {
@@ -128,6 +130,7 @@ TEST_CASE("release queue: a release on a capturing stream waits until its graph 
   REQUIRE_OK(w.tracker->destroy_graph(done->graph));
   released.get_future().wait();
   CHECK(ran);
+  REQUIRE_OK(w.queue->drain());
 }
 
 TEST_CASE("release queue: a release of memory a live graph reads waits until the graph is gone") {
@@ -159,6 +162,7 @@ TEST_CASE("release queue: a release of memory a live graph reads waits until the
   REQUIRE_OK(w.tracker->destroy_graph(done->graph));
   released.get_future().wait();
   CHECK(ran);
+  REQUIRE_OK(w.queue->drain());
   REQUIRE_OK(w.allocator->deallocate(input));
 }
 
@@ -239,6 +243,7 @@ TEST_CASE("release queue: a callback may request another release; drain from one
   }));
   inner_ran.get_future().wait();
   CHECK(drain_status.get_future().get().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_OK(w.queue->drain());
 }
 
 TEST_CASE("release queue: a callback is destroyed once it has run") {

@@ -48,8 +48,8 @@ class OneSlotProducer {
     managed_.deleter = [](DLManagedTensor* self) {
       auto* producer = static_cast<OneSlotProducer*>(self->manager_ctx);
       for (auto& v : producer->slot_) v = kPoison;
-      producer->in_use_ = false;
       ++producer->deleted_;
+      producer->in_use_ = false;  // last: the slot may be exported again
     };
     return &managed_;
   }
@@ -125,6 +125,7 @@ TEST_CASE("seed 001: with capalloc's stream-ordered release the kernel never rea
     // next export needs the slot back.
     while (!producer.free()) std::this_thread::yield();
   }
+  REQUIRE_OK(queue->drain());  // every deleter has returned before the producer goes
   CHECK(runs_that_read_poison == 0);
   CHECK(deleter_ran_early == 0);
   CHECK(producer.deleted() == kRepetitions);
