@@ -92,8 +92,8 @@ capalloc_status capalloc_release_on_stream(void* stream, int device, capalloc_re
   return with_release([&](const GlobalRelease& r) {
     std::vector<capalloc::MemorySpan> memory;
     if (ptr != nullptr) memory.push_back({ptr, bytes});
-    return r.queue->release(device, as_stream(stream), [fn, context] { fn(context); },
-                            std::move(memory));
+    return r.queue->release(
+        device, as_stream(stream), [fn, context] { fn(context); }, std::move(memory));
   });
 }
 

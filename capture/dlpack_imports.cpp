@@ -5,8 +5,6 @@
 // and hands its deleter to the ReleaseQueue, which runs it in stream order.
 // The only file that includes <dlpack/dlpack.h>, so the public headers do
 // not need it.
-#include "capalloc/dlpack.hpp"
-
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
@@ -18,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "capalloc/dlpack.hpp"
 #include "common/guarded.hpp"
 #include "common/log.hpp"
 
@@ -138,15 +137,15 @@ DlpackImports::~DlpackImports() {
   }
   for (DLManagedTensor* tensor : left) {
     if (absl::Status released = release(tensor); !released.ok()) {
-      detail::log().error("dlpack imports: releasing a tensor still imported at teardown failed ({}); "
-                  "its deleter was not called",
-                  released.ToString());
+      detail::log().error(
+          "dlpack imports: releasing a tensor still imported at teardown failed ({}); "
+          "its deleter was not called",
+          released.ToString());
     }
   }
 }
 
-absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor,
-                                                     StreamHandle stream) {
+absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor, StreamHandle stream) {
   return detail::guarded("dlpack import", [&]() -> absl::StatusOr<ImportedTensor> {
     if (tensor == nullptr) return absl::InvalidArgumentError("dlpack import: the tensor is null");
     MemoryRuntime& rt = impl_->queue->runtime();

@@ -17,8 +17,6 @@
 // polls with a back-off (from kMinPoll doubling to kMaxPoll) while releases
 // are pending, and sleeps on `wake` when none are. A new request or a
 // graph-gone notice wakes it at once.
-#include "capalloc/release.hpp"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -35,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
+#include "capalloc/release.hpp"
 #include "common/guarded.hpp"
 #include "common/log.hpp"
 #include "common/status_macros.hpp"
@@ -81,6 +80,8 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   ReleaseQueueStats counts;
   std::thread thread;
   std::thread::id thread_id;
+  std::mutex teardown_mu;                          // held for the whole of teardown(); before `mu`
+  std::atomic<std::thread::id> tearing_down_on{};  // the thread in teardown(), if any
 
   std::mutex& mu() const { return wakeup->mu; }
 
@@ -98,8 +99,14 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   }
   void give_back_event(int device, EventHandle event) {
     if (event == 0) return;
-    std::lock_guard lock(mu());
-    spare_events[device].push_back(event);
+    {
+      std::lock_guard lock(mu());
+      if (!drained) {
+        spare_events[device].push_back(event);
+        return;
+      }
+    }
+    runtime->destroy_event(event).IgnoreError();  // teardown has destroyed the spares
   }
 
   bool held_by_graph(const Entry& e) const {
@@ -151,7 +158,8 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
     try {
       std::move(callback)();
     } catch (const std::exception& ex) {
-      detail::log().error("release queue: a release callback threw ({}); it was dropped", ex.what());
+      detail::log().error("release queue: a release callback threw ({}); it was dropped",
+                          ex.what());
     } catch (...) {
       detail::log().error("release queue: a release callback threw; it was dropped");
     }
@@ -221,12 +229,16 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
 
   // Stops the thread, then runs what is pending on the calling thread.
   void teardown() {
+    // One teardown at a time: a second caller (drain() racing the
+    // destructor or another drain()) waits for the first, then finds it done.
+    std::lock_guard once(teardown_mu);
     {
       std::lock_guard lock(mu());
       if (drained) return;
       stopping = true;
       ++wakeup->generation;
     }
+    tearing_down_on = std::this_thread::get_id();
     wakeup->cv.notify_all();
     if (thread.joinable()) thread.join();
     std::list<Entry> rest;
@@ -241,17 +253,19 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
       if (e.event == 0 && e.capture_graph_gone != nullptr) mark_after_graph(e);
       if (e.event != 0) {
         if (auto waited = runtime->synchronize_event(e.event); !waited.ok()) {
-          detail::log().error("release queue teardown: waiting for stream 0x{:x} failed ({}); its "
-                      "release runs anyway",
-                      e.stream, waited.ToString());
+          detail::log().error(
+              "release queue teardown: waiting for stream 0x{:x} failed ({}); its "
+              "release runs anyway",
+              e.stream, waited.ToString());
         }
       }
       run_callback(e, /*at_teardown=*/true);
     }
     if (forced > 0) {
-      detail::log().warn("release queue teardown: {} release(s) still held by a live graph or capture "
-                 "ran anyway",
-                 forced);
+      detail::log().warn(
+          "release queue teardown: {} release(s) still held by a live graph or capture "
+          "ran anyway",
+          forced);
     }
     std::vector<std::pair<int, EventHandle>> events;
     {
@@ -264,6 +278,7 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
       }
     }
     for (const auto& [device, ev] : events) runtime->destroy_event(ev).IgnoreError();
+    tearing_down_on = std::thread::id();
   }
 
   // Asks the runtime to say when the graph the capture on `stream` builds
@@ -340,7 +355,8 @@ absl::StatusOr<std::unique_ptr<ReleaseQueue>> ReleaseQueue::create(const Capture
 ReleaseQueue::~ReleaseQueue() { impl_->teardown(); }
 
 absl::Status ReleaseQueue::drain() {
-  if (std::this_thread::get_id() == impl_->thread_id) {
+  if (std::this_thread::get_id() == impl_->thread_id ||
+      std::this_thread::get_id() == impl_->tearing_down_on.load()) {
     return absl::FailedPreconditionError(
         "ReleaseQueue::drain: called from a release callback (the progress thread would wait "
         "for itself)");
@@ -361,9 +377,9 @@ absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback cal
   return detail::guarded("release queue", [&]() -> absl::Status {
     if (!callback) return absl::InvalidArgumentError("release: the callback is empty");
     if (device < 0 || device >= impl_->runtime->device_count()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "release: device %d does not exist (the runtime has %d)", device,
-          impl_->runtime->device_count()));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("release: device %d does not exist (the runtime has %d)", device,
+                          impl_->runtime->device_count()));
     }
     for (const MemorySpan& span : memory) {
       if (span.ptr == nullptr || span.bytes == 0) {
@@ -372,7 +388,9 @@ absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback cal
             "callback gives back, or none");
       }
     }
-    Entry e{.device = device, .stream = stream, .memory = std::move(memory),
+    Entry e{.device = device,
+            .stream = stream,
+            .memory = std::move(memory),
             .callback = std::move(callback)};
     bool drained;
     {

@@ -74,8 +74,8 @@ TEST_CASE("C ABI: capalloc_release_on_stream refuses bad input and calls nothing
   CHECK(std::string(capalloc_last_error()).find("both ptr and bytes") != std::string::npos);
   CHECK(capalloc_release_on_stream(nullptr, 5, count_call, &calls, nullptr, 0) ==
         CAPALLOC_ERROR_INVALID_ARGUMENT);
-  CHECK(capalloc_release_on_stream(reinterpret_cast<void*>(0x7777), 0, count_call, &calls,
-                                   nullptr, 0) == CAPALLOC_ERROR_NOT_FOUND);
+  CHECK(capalloc_release_on_stream(reinterpret_cast<void*>(0x7777), 0, count_call, &calls, nullptr,
+                                   0) == CAPALLOC_ERROR_NOT_FOUND);
   CHECK(capalloc_release_pending(nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
   CHECK(pending() == 0);
   CHECK(calls == 0);
@@ -94,8 +94,7 @@ TEST_CASE("C ABI: DLPack import and release, and their errors", "[c_api][release
         CAPALLOC_ERROR_INVALID_ARGUMENT);
   DLManagedTensor gpu = t;
   gpu.dl_tensor.device = {kDLROCM, 0};
-  CHECK(capalloc_dlpack_import(&gpu, stream, nullptr, nullptr) ==
-        CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(capalloc_dlpack_import(&gpu, stream, nullptr, nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
   CHECK(std::string(capalloc_last_error()).find("kDLROCM") != std::string::npos);
 
   void* out = nullptr;
@@ -103,8 +102,7 @@ TEST_CASE("C ABI: DLPack import and release, and their errors", "[c_api][release
   REQUIRE(capalloc_dlpack_import(&t, stream, &out, &bytes) == CAPALLOC_OK);
   CHECK(out == data);
   CHECK(bytes == sizeof(data));
-  CHECK(capalloc_dlpack_import(&t, stream, nullptr, nullptr) ==
-        CAPALLOC_ERROR_FAILED_PRECONDITION);
+  CHECK(capalloc_dlpack_import(&t, stream, nullptr, nullptr) == CAPALLOC_ERROR_FAILED_PRECONDITION);
   CHECK(std::string(capalloc_last_error()).find("already imported") != std::string::npos);
 
   REQUIRE(capalloc_dlpack_release(&t) == CAPALLOC_OK);
@@ -120,8 +118,7 @@ TEST_CASE("C ABI: capalloc_release_drain runs what is pending; later releases ru
   use_host_runtime();
   std::atomic<int> calls{0};
   for (int i = 0; i < 5; ++i) {
-    REQUIRE(capalloc_release_on_stream(nullptr, 0, count_call, &calls, nullptr, 0) ==
-            CAPALLOC_OK);
+    REQUIRE(capalloc_release_on_stream(nullptr, 0, count_call, &calls, nullptr, 0) == CAPALLOC_OK);
   }
   REQUIRE(capalloc_release_drain() == CAPALLOC_OK);
   CHECK(calls == 5);

@@ -149,13 +149,12 @@ TEST_CASE("release queue: a release of memory a live graph reads waits until the
 
   std::atomic<bool> ran{false};
   std::promise<void> released;
-  REQUIRE_OK(w.queue->release(
-      0, w.stream,
-      [&] {
-        ran = true;
-        released.set_value();
-      },
-      {{input, 4096}}));
+  REQUIRE_OK(w.queue->release(0, w.stream,
+                              [&] {
+                                ran = true;
+                                released.set_value();
+                              },
+                              {{input, 4096}}));
   wait_for_a_pass(*w.queue, w.idle);
   CHECK_FALSE(ran);
   CHECK(w.queue->stats().held_by_graphs == 1);

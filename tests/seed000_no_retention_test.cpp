@@ -66,8 +66,8 @@ TEST_CASE("seed 000: the split-K GEMM's launch path holds none of the caller's b
   void* c = w.alloc->allocate(sizeof(float) * m * n, 0, w.stream).value();
   std::fill_n(static_cast<float*>(a), m * k, 1.0f);
   std::fill_n(static_cast<float*>(b), n * k, 0.5f);
-  GemmProblem p{.m = m, .n = n, .k = k, .a = a, .b = b, .c = c, .c_type = DType::kF32,
-                .split_k = 4};
+  GemmProblem p{
+      .m = m, .n = n, .k = k, .a = a, .b = b, .c = c, .c_type = DType::kF32, .split_k = 4};
   for (int launch = 0; launch < 3; ++launch) REQUIRE_OK(gemm.run(0, w.stream, p));
   REQUIRE_OK(w.rt->synchronize_stream(w.stream));
   CHECK(static_cast<float*>(c)[0] == 128.0f);
@@ -111,10 +111,12 @@ TEST_CASE("seed 000: a stream-ordered release holds nothing once it has run") {
   for (int i = 0; i < 20; ++i) {
     void* buffer = w.alloc->allocate(1 << 16, 0, w.stream).value();
     // The caller's object owning the buffer, handed to the release.
-    auto owner = std::shared_ptr<void>(buffer, [&w](void* p) { w.alloc->deallocate(p).IgnoreError(); });
+    auto owner =
+        std::shared_ptr<void>(buffer, [&w](void* p) { w.alloc->deallocate(p).IgnoreError(); });
     std::weak_ptr<void> watch = owner;
-    REQUIRE_OK(w.rt->launch_kernel(w.stream, scenarios::fill_kernel(static_cast<float*>(buffer),
-                                                                    (1 << 16) / sizeof(float), 1.0f)));
+    REQUIRE_OK(w.rt->launch_kernel(
+        w.stream,
+        scenarios::fill_kernel(static_cast<float*>(buffer), (1 << 16) / sizeof(float), 1.0f)));
     std::promise<void> ran;
     REQUIRE_OK(queue->release(0, w.stream, [owner = std::move(owner), &ran]() mutable {
       owner.reset();
@@ -159,9 +161,9 @@ TEST_CASE("seed 000: a DLPack import holds nothing once its deleter has run") {
   };
   auto view = imports.import(&t, w.stream);
   REQUIRE_OK(view);
-  REQUIRE_OK(w.rt->launch_kernel(w.stream, scenarios::scale_kernel(static_cast<float*>(view->data),
-                                                                   static_cast<float*>(view->data),
-                                                                   64, 2.0f)));
+  REQUIRE_OK(w.rt->launch_kernel(
+      w.stream, scenarios::scale_kernel(static_cast<float*>(view->data),
+                                        static_cast<float*>(view->data), 64, 2.0f)));
   REQUIRE_OK(imports.release(&t));
   CHECK(imports.imported() == 0);
   deleted.wait();

@@ -70,10 +70,10 @@ void launch_gated_read(DeviceRuntime& rt, StreamHandle stream, const Gate& gate,
                        const std::uint32_t* data, std::atomic<int>* poisoned) {
   REQUIRE_OK(rt.launch_kernel(stream, gate.kernel(nullptr, 0)));
   REQUIRE_OK(rt.launch_kernel(stream, host_kernel("read", [data, poisoned] {
-    int bad = 0;
-    for (int i = 0; i < kElements; ++i) bad += data[i] != 100 ? 1 : 0;
-    poisoned->store(bad);
-  })));
+                                int bad = 0;
+                                for (int i = 0; i < kElements; ++i) bad += data[i] != 100 ? 1 : 0;
+                                poisoned->store(bad);
+                              })));
 }
 
 constexpr int kRepetitions = 200;

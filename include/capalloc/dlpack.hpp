@@ -44,8 +44,8 @@ struct DLManagedTensor;
 namespace capalloc {
 
 struct ImportedTensor {
-  void* data = nullptr;     // dl_tensor.data + byte_offset: the first element
-  std::size_t bytes = 0;    // from the lowest to one past the highest byte addressed
+  void* data = nullptr;   // dl_tensor.data + byte_offset: the first element
+  std::size_t bytes = 0;  // from the lowest to one past the highest byte addressed
   int device = 0;
   StreamHandle stream = kDefaultStream;
 };

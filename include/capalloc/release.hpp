@@ -66,11 +66,11 @@ class CaptureTracker;
 
 // What a queue has done so far: counts, so that tests can assert on them.
 struct ReleaseQueueStats {
-  std::uint64_t requested = 0;         // release() calls accepted
-  std::uint64_t completed = 0;         // callbacks run (by the thread or at teardown)
-  std::uint64_t pending = 0;           // accepted, callback not yet run
-  std::uint64_t held_by_graphs = 0;    // pending and waiting on a graph (capture or record)
-  std::uint64_t run_at_teardown = 0;   // callbacks run by drain() or the destructor
+  std::uint64_t requested = 0;           // release() calls accepted
+  std::uint64_t completed = 0;           // callbacks run (by the thread or at teardown)
+  std::uint64_t pending = 0;             // accepted, callback not yet run
+  std::uint64_t held_by_graphs = 0;      // pending and waiting on a graph (capture or record)
+  std::uint64_t run_at_teardown = 0;     // callbacks run by drain() or the destructor
   std::uint64_t forced_at_teardown = 0;  // of those, still held by a graph then
 };
 
