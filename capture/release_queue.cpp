@@ -141,10 +141,9 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
     return true;
   }
 
-  // Whether the entry's callback may run now. Calls the runtime and the
-  // tracker; `mu` is not held.
-  bool ready(Entry& e) {
-    if (held_by_graph(e)) return false;
+  // Whether the work the entry waits for has completed (its graph, if any,
+  // is gone: held_by_graph said no). Calls the runtime; `mu` is not held.
+  bool work_done(Entry& e) {
     if (e.event == 0) {
       if (!mark_after_graph(e)) return false;
       if (e.event == 0) return true;
@@ -189,8 +188,9 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
       const std::uint64_t seen = wakeup->generation;
       lock.unlock();
 
-      // Requests on one stream complete in order: once one is not done, the
-      // later ones on that stream (recorded after it) are not either.
+      // Events on one stream complete in order: once one is not done, the
+      // later requests on that stream (recorded after it) are not either.
+      // A request held by a graph does not hold back the ones after it.
       absl::flat_hash_set<StreamHandle> blocked;
       std::list<Entry> done;
       std::uint64_t held = 0;
@@ -200,13 +200,17 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
           ++it;
           continue;
         }
-        if (ready(*it)) {
+        if (held_by_graph(*it)) {
+          ++held;
+          ++it;
+          continue;
+        }
+        if (work_done(*it)) {
           auto next = std::next(it);
           done.splice(done.end(), work, it);
           it = next;
           continue;
         }
-        if (held_by_graph(*it)) ++held;
         if (in_stream_order) blocked.insert(it->stream);
         ++it;
       }

@@ -155,6 +155,10 @@ TEST_CASE("release queue: a release of memory a live graph reads waits until the
                                 released.set_value();
                               },
                               {{input, 4096}}));
+  // A later release on the same stream, of other memory, is not held back.
+  std::promise<void> later;
+  REQUIRE_OK(w.queue->release(0, w.stream, [&] { later.set_value(); }));
+  later.get_future().wait();
   wait_for_a_pass(*w.queue, w.idle);
   CHECK_FALSE(ran);
   CHECK(w.queue->stats().held_by_graphs == 1);

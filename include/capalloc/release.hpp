@@ -43,8 +43,9 @@
 // Thread safety: every method may be called from any thread, a callback
 // included (a callback may request another release). Callbacks run one at a
 // time, on the progress thread, in no promised order across streams, and in
-// request order on one stream; a callback must not throw (a throw is logged
-// and dropped) and must not call drain(). The queue must be destroyed before
+// request order on one stream (a release held by a graph lets later ones
+// pass); a callback must not throw (a throw is logged and dropped) and must
+// not call drain(). The queue must be destroyed before
 // the tracker and the runtime it was created over.
 #ifndef CAPALLOC_RELEASE_HPP_
 #define CAPALLOC_RELEASE_HPP_
