@@ -64,6 +64,9 @@ CaptureTracker::~CaptureTracker() {
 }
 
 Allocator& CaptureTracker::allocator() const { return *impl_->allocator; }
+bool CaptureTracker::graph_uses(int device, MemorySpan span) const {
+  return impl_->graph_uses(device, span);
+}
 TrackerWork CaptureTracker::work() const {
   std::lock_guard lock(impl_->mu);
   TrackerWork work = impl_->work;

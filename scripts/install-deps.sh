@@ -18,6 +18,8 @@ REQUIRED_PACKAGES=(
   libspdlog-dev
   libfmt-dev
   nlohmann-json3-dev
+  # dlpack.h, for DLPack import (capalloc/dlpack.hpp)
+  libdlpack-dev
   libcli11-dev
   libbenchmark-dev
   catch2

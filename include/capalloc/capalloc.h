@@ -211,6 +211,47 @@ CAPALLOC_API capalloc_status capalloc_torch_pool(int device, uint64_t pool_a, ui
 /* The strict mode capalloc_set_strict set (or CAPALLOC_STRICT): 0, 1 or 2. */
 CAPALLOC_API capalloc_status capalloc_get_strict(int* out);
 
+/* --- Stream-ordered release (capalloc/release.hpp) ---------------------------
+ * capalloc_release_on_stream runs fn(context) once the work enqueued on
+ * `stream` (of `device`) up to the call has completed, on a thread capalloc
+ * owns; it never waits. `ptr`/`bytes` name the memory fn gives back (both,
+ * or NULL and 0): while a live graph's record reads or writes it, the
+ * release waits until that graph is destroyed. A release on a capturing
+ * stream waits until the capture's graph is gone. At process exit (or
+ * capalloc_release_drain) every pending release runs after its stream's
+ * work, held or not; a release requested later runs before the call
+ * returns. fn must not call capalloc_release_drain. Errors change nothing
+ * (fn is not called): INVALID_ARGUMENT (fn NULL, ptr without bytes or the
+ * reverse, an unknown device), NOT_FOUND (a stream the runtime does not
+ * know), FAILED_PRECONDITION (the stream's capture was invalidated),
+ * UNAVAILABLE (a capturing stream on a runtime that cannot tell when a
+ * graph is gone: HIP 5.2). */
+typedef void (*capalloc_release_fn)(void* context);
+CAPALLOC_API capalloc_status capalloc_release_on_stream(void* stream, int device,
+                                                        capalloc_release_fn fn, void* context,
+                                                        const void* ptr, size_t bytes);
+/* Releases requested and not yet run. */
+CAPALLOC_API capalloc_status capalloc_release_pending(uint64_t* out);
+/* Teardown now: runs every pending release (after its stream's work; those
+ * held by a live graph too). FAILED_PRECONDITION from inside a release fn. */
+CAPALLOC_API capalloc_status capalloc_release_drain(void);
+
+/* --- DLPack import (capalloc/dlpack.hpp; <dlpack/dlpack.h>) -------------------
+ * capalloc_dlpack_import takes ownership of `tensor` for use on `stream`;
+ * `data` and `bytes` (each may be NULL) receive its first element and the
+ * bytes it addresses. Device types: kDLCUDA (cuda runtime), kDLROCM (hip),
+ * kDLCPU (host). capalloc_dlpack_release gives it back: its deleter runs
+ * once the work enqueued on the import's stream up to the release has
+ * completed (capalloc_release_on_stream's rules). Errors change nothing
+ * (the caller keeps the tensor): INVALID_ARGUMENT (NULL, a device type or
+ * id the runtime cannot serve, a malformed shape), FAILED_PRECONDITION (the
+ * tensor is already imported), NOT_FOUND (release of a tensor not imported,
+ * or released already). */
+struct DLManagedTensor;
+CAPALLOC_API capalloc_status capalloc_dlpack_import(struct DLManagedTensor* tensor, void* stream,
+                                                    void** data, size_t* bytes);
+CAPALLOC_API capalloc_status capalloc_dlpack_release(struct DLManagedTensor* tensor);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

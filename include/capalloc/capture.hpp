@@ -261,6 +261,10 @@ class CAPALLOC_API CaptureTracker {
   std::string snapshot_json();
   // Every block known to have occupied part of `span`, in allocation order.
   std::vector<ChainLink> reuse_chain(int device, MemorySpan span);
+  // Whether a live graph's record reads or writes part of `span` on
+  // `device`: what keeps memory mapped, and what holds a ReleaseQueue's
+  // release of that memory (capalloc/release.hpp) until the graph is gone.
+  bool graph_uses(int device, MemorySpan span) const;
 
   Allocator& allocator() const;
   // The alias check's work since the tracker was created.

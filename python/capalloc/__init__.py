@@ -25,18 +25,22 @@ ValueError, each naming the argument. Errors from the C ABI raise
 CapallocError with capalloc's message.
 """
 
+import atexit
 import ctypes
 import ctypes.util
+import itertools
 import json
 import operator
 import os
 import sys
+import threading
 
 __all__ = [
     "CapallocError", "Finding", "load", "install", "check", "preallocate", "get",
     "release_persistent",
     "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
     "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
+    "release_on_stream", "release_pending", "release_drain", "dlpack_import", "ImportedTensor",
 ]
 
 _OK = 0
@@ -208,6 +212,14 @@ def _declare(lib):
                                                               c_void_p]
         lib.capalloc_torch_end_allocate_to_pool.argtypes = [c_int, c_u64, c_u64, out_str]
         lib.capalloc_torch_release_pool.argtypes = [c_int, c_u64, c_u64]
+    if hasattr(lib, "capalloc_release_on_stream"):
+        lib.capalloc_release_on_stream.argtypes = [c_void_p, c_int, _RELEASE_FN, c_void_p,
+                                                   c_void_p, c_size]
+        lib.capalloc_release_pending.argtypes = [ctypes.POINTER(c_u64)]
+        lib.capalloc_release_drain.argtypes = []
+        lib.capalloc_dlpack_import.argtypes = [c_void_p, c_void_p, ctypes.POINTER(c_void_p),
+                                               ctypes.POINTER(c_size)]
+        lib.capalloc_dlpack_release.argtypes = [c_void_p]
     if hasattr(lib, "capalloc_torch_pool"):
         lib.capalloc_torch_pool.argtypes = [c_int, c_u64, c_u64, ctypes.POINTER(c_u64),
                                             ctypes.POINTER(c_int)]
@@ -471,3 +483,145 @@ def empty_cache(device=-1):
     to the runtime; with the shim, torch.cuda.empty_cache() does the same."""
     device = _device("empty_cache", device, allow_all=True)
     _call("capalloc_empty_cache", device)
+
+
+# --- Stream-ordered release and DLPack import (docs/lifetimes.md) -------------
+#
+# A release runs on capalloc's progress thread once the stream's work up to
+# the request has completed. Python callbacks wait in _releases under a key
+# that travels through C as the context; the trampoline takes the GIL (ctypes
+# does), pops the callback and calls it. At interpreter exit, release_drain()
+# runs what is pending while Python can still run callbacks.
+
+_RELEASE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_releases = {}
+_releases_lock = threading.Lock()
+_release_keys = itertools.count(1)
+
+
+def _run_release(context):
+    with _releases_lock:
+        callback = _releases.pop(context, None)
+    if callback is not None:
+        try:
+            callback()
+        except BaseException as e:  # never into C: print, as threading does
+            print(f"capalloc: a release callback raised {e!r}", file=sys.stderr)
+
+
+_release_trampoline = _RELEASE_FN(_run_release)
+
+
+def _stream(call, stream):
+    """A stream as C takes it: None (the default stream), an int (a
+    cudaStream_t's address, or a host-runtime handle), or an object with a
+    `cuda_stream` attribute (torch.cuda.Stream)."""
+    if stream is None:
+        return None
+    stream = getattr(stream, "cuda_stream", stream)
+    return _int(call, "stream", stream, 0, _UINT64_MAX) or None
+
+
+def release_on_stream(callback, stream=None, device=0, memory=None):
+    """Calls `callback()` once the work enqueued on `stream` up to now has
+    completed, on capalloc's thread; never waits. `memory`, (address, nbytes),
+    names the memory the callback gives back: while a live graph reads or
+    writes it, the release waits until that graph is destroyed. A release on
+    a capturing stream waits until the capture's graph is gone."""
+    if not callable(callback):
+        raise TypeError(f"release_on_stream: callback must be callable, not "
+                        f"{type(callback).__name__}")
+    stream = _stream("release_on_stream", stream)
+    device = _device("release_on_stream", device)
+    ptr, nbytes = None, 0
+    if memory is not None:
+        try:
+            ptr, nbytes = memory
+        except (TypeError, ValueError):
+            raise TypeError("release_on_stream: memory must be (address, nbytes)") from None
+        ptr = _int("release_on_stream", "memory address", ptr, 1, _UINT64_MAX)
+        nbytes = _int("release_on_stream", "memory nbytes", nbytes, 1, _SIZE_MAX)
+    key = next(_release_keys)
+    with _releases_lock:
+        _releases[key] = callback
+    try:
+        _call("capalloc_release_on_stream", stream, device, _release_trampoline, key, ptr, nbytes)
+    except BaseException:
+        with _releases_lock:
+            _releases.pop(key, None)
+        raise
+
+
+def release_pending():
+    """Releases requested and not yet run."""
+    out = ctypes.c_uint64()
+    _call("capalloc_release_pending", ctypes.byref(out))
+    return out.value
+
+
+def release_drain():
+    """Teardown now: runs every pending release after its stream's work
+    (those held by a live graph too). Called at interpreter exit."""
+    _call("capalloc_release_drain")
+
+
+@atexit.register
+def _drain_at_exit():
+    if _lib is not None and hasattr(_lib, "capalloc_release_drain"):
+        with _releases_lock:
+            waiting = bool(_releases)
+        if waiting:
+            _lib.capalloc_release_drain()
+
+
+_pythonapi = ctypes.pythonapi
+_pythonapi.PyCapsule_IsValid.restype = ctypes.c_int
+_pythonapi.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_pythonapi.PyCapsule_SetName.restype = ctypes.c_int
+_pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+class ImportedTensor:
+    """A DLPack tensor capalloc owns until release(): `data` (the address of
+    its first element) and `nbytes` (the bytes it addresses)."""
+
+    def __init__(self, managed, data, nbytes, stream):
+        self._managed = managed
+        self.data = data
+        self.nbytes = nbytes
+        self.stream = stream
+
+    def release(self):
+        """Gives the tensor back: its deleter runs once the work enqueued on
+        the import's stream up to now has completed. Never waits; a second
+        release raises CapallocError (not found)."""
+        _call("capalloc_dlpack_release", self._managed)
+
+    def __repr__(self):
+        return f"<capalloc.ImportedTensor data=0x{self.data or 0:x} nbytes={self.nbytes}>"
+
+
+def dlpack_import(tensor, stream=None):
+    """Imports a DLPack tensor (an object with __dlpack__, or a "dltensor"
+    capsule) for use on `stream`. The capsule is consumed (renamed
+    "used_dltensor", as the protocol asks); its deleter runs only after
+    ImportedTensor.release() and the stream's work up to it. Device types:
+    kDLCPU on the host runtime, kDLCUDA on cuda, kDLROCM on hip."""
+    c_stream = _stream("dlpack_import", stream)
+    capsule = tensor
+    if hasattr(tensor, "__dlpack__"):
+        capsule = tensor.__dlpack__() if c_stream is None else tensor.__dlpack__(stream=c_stream)
+    if type(capsule).__name__ != "PyCapsule":
+        raise TypeError("dlpack_import: expected an object with __dlpack__ or a DLPack capsule, "
+                        f"not {type(capsule).__name__}")
+    if not _pythonapi.PyCapsule_IsValid(capsule, b"dltensor"):
+        raise ValueError("dlpack_import: the capsule is not an unconsumed \"dltensor\" (it was "
+                         "imported already)")
+    managed = _pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
+    data = ctypes.c_void_p()
+    nbytes = ctypes.c_size_t()
+    _call("capalloc_dlpack_import", managed, c_stream, ctypes.byref(data), ctypes.byref(nbytes))
+    _pythonapi.PyCapsule_SetName(capsule, b"used_dltensor")
+    return ImportedTensor(managed, data.value, nbytes.value, c_stream)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 import capalloc
@@ -369,6 +370,120 @@ class CallTest(unittest.TestCase):
             "writer": {"tag": "T", "sequence": 2}, "overlap": {"bytes": 1024}, "fix": "x"})
         self.assertEqual(f.victim["tag"], "WS")
         self.assertIn("[hazard] g", str(f))
+
+
+# A DLPack tensor made with ctypes (no numpy needed): the structs of
+# <dlpack/dlpack.h>, a deleter that counts its calls, and a capsule named
+# "dltensor" holding it, as a producer's __dlpack__ returns one.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+_KDLCPU, _KDLCUDA = 1, 2
+
+
+class _Producer:
+    """Exports one float32 tensor of n elements; counts its deleter's calls."""
+
+    def __init__(self, n=16, device_type=_KDLCPU):
+        self.buffer = (ctypes.c_float * n)()
+        self.shape = (ctypes.c_int64 * 1)(n)
+        self.deleted = 0
+        self.deleter = _DELETER(self._delete)
+        self.managed = _DLManagedTensor()
+        self.managed.dl_tensor.data = ctypes.cast(self.buffer, ctypes.c_void_p)
+        self.managed.dl_tensor.device = _DLDevice(device_type, 0)
+        self.managed.dl_tensor.ndim = 1
+        self.managed.dl_tensor.dtype = _DLDataType(2, 32, 1)
+        self.managed.dl_tensor.shape = self.shape
+        self.managed.deleter = self.deleter
+
+    def _delete(self, _self):
+        self.deleted += 1
+
+    def capsule(self):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+def _wait_until_released():
+    while capalloc.release_pending() != 0:
+        pass
+
+
+class ReleaseTest(unittest.TestCase):
+    def test_release_on_stream_runs_the_callback_once_on_capallocs_thread(self):
+        ran = []
+        done = threading.Event()
+
+        def callback():
+            ran.append(threading.get_ident())
+            done.set()
+
+        capalloc.release_on_stream(callback)
+        done.wait()
+        _wait_until_released()
+        self.assertEqual(len(ran), 1)
+        self.assertNotEqual(ran[0], threading.get_ident())
+
+    def test_release_on_stream_checks_its_arguments(self):
+        with self.assertRaises(TypeError):
+            capalloc.release_on_stream(42)
+        with self.assertRaises(TypeError):
+            capalloc.release_on_stream(lambda: None, memory=7)
+        with self.assertRaises(ValueError):
+            capalloc.release_on_stream(lambda: None, device=-1)
+        with self.assertRaises(capalloc.CapallocError) as e:
+            capalloc.release_on_stream(lambda: None, stream=0x7777)
+        self.assertEqual(e.exception.status, 3)  # not found: an unknown stream
+        self.assertEqual(capalloc.release_pending(), 0)
+
+    def test_dlpack_import_then_release_calls_the_deleter_once(self):
+        producer = _Producer()
+        capsule = producer.capsule()
+        imported = capalloc.dlpack_import(capsule)
+        self.assertEqual(imported.data, ctypes.addressof(producer.buffer))
+        self.assertEqual(imported.nbytes, 16 * 4)
+        with self.assertRaises(ValueError):  # the capsule is consumed
+            capalloc.dlpack_import(capsule)
+        self.assertEqual(producer.deleted, 0)
+        imported.release()
+        _wait_until_released()
+        self.assertEqual(producer.deleted, 1)
+        with self.assertRaises(capalloc.CapallocError) as e:
+            imported.release()
+        self.assertEqual(e.exception.status, 3)
+
+    def test_dlpack_import_refuses_a_device_the_runtime_cannot_serve(self):
+        producer = _Producer(device_type=_KDLCUDA)
+        capsule = producer.capsule()
+        with self.assertRaises(capalloc.CapallocError) as e:
+            capalloc.dlpack_import(capsule)
+        self.assertEqual(e.exception.status, 1)
+        self.assertIn("kDLCUDA", str(e.exception))
+        # Nothing changed: the capsule is still the caller's.
+        self.assertTrue(ctypes.pythonapi.PyCapsule_IsValid(ctypes.py_object(capsule), b"dltensor"))
+        with self.assertRaises(TypeError):
+            capalloc.dlpack_import(object())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+// capalloc/dlpack.hpp: DLPack tensors imported for use on a stream and
+// released in stream order.
+//
+// A consumer that takes a DLManagedTensor (a capsule from __dlpack__) owns
+// it until it calls the tensor's deleter. Field report 001 is a consumer
+// that called the deleter while preparing a launch, before the kernel
+// reading the memory had run: a producer whose deleter returns the memory
+// to a pool then lets the next allocation overwrite what the kernel reads.
+// DlpackImports keeps the tensor until release(), and its deleter then runs
+// on the ReleaseQueue, after the work enqueued on the import's stream up to
+// the release has completed (and, when a live graph reads or writes the
+// memory, after that graph is gone: capalloc/release.hpp).
+//
+// Example:
+//
+//   capalloc::DlpackImports imports(*queue);
+//   auto t = imports.import(managed, stream).value();    // t.data, t.bytes
+//   rt->launch_kernel(stream, kernel_reading(t.data, t.bytes));
+//   imports.release(managed).IgnoreError();               // never waits
+//
+// Devices: kDLCUDA on the cuda runtime, kDLROCM on the hip runtime, kDLCPU
+// on the host runtime (whose device memory is host memory); device_id is
+// capalloc's device number.
+//
+// Thread safety: every method may be called from any thread. The object
+// must be destroyed before its queue; tensors still imported then are
+// released (in stream order) as if release() had been called.
+#ifndef CAPALLOC_DLPACK_HPP_
+#define CAPALLOC_DLPACK_HPP_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "capalloc/export.h"
+#include "capalloc/release.hpp"
+#include "capalloc/runtime.hpp"
+
+// <dlpack/dlpack.h> (Debian: libdlpack-dev); declared here so that this
+// header does not require it.
+struct DLManagedTensor;
+
+namespace capalloc {
+
+struct ImportedTensor {
+  void* data = nullptr;   // dl_tensor.data + byte_offset: the first element
+  std::size_t bytes = 0;  // from the lowest to one past the highest byte addressed
+  int device = 0;
+  StreamHandle stream = kDefaultStream;
+};
+
+class CAPALLOC_API DlpackImports {
+ public:
+  explicit DlpackImports(ReleaseQueue& queue);
+  // Releases every tensor still imported, in stream order.
+  ~DlpackImports();
+  DlpackImports(const DlpackImports&) = delete;
+  DlpackImports& operator=(const DlpackImports&) = delete;
+
+  // Takes ownership of `tensor` for use on `stream`. Errors, changing
+  // nothing (the caller still owns the tensor): kInvalidArgument for a null
+  // tensor, a device type the runtime cannot serve (naming both), a device
+  // id the runtime does not have, a null data pointer with elements, a
+  // negative dimension or a size that overflows; kAlreadyExists for a tensor
+  // already imported and not yet released.
+  absl::StatusOr<ImportedTensor> import(DLManagedTensor* tensor, StreamHandle stream);
+
+  // Gives the tensor back: its deleter (if any) runs once the work enqueued
+  // on the import's stream up to now has completed. Never waits. Errors,
+  // changing nothing: kInvalidArgument for null; kNotFound for a tensor not
+  // imported here, or released already (its deleter may have run, so the
+  // pointer must not be used again); the queue's errors.
+  absl::Status release(DLManagedTensor* tensor);
+
+  // Tensors imported and not yet released.
+  std::size_t imported() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace capalloc
+
+#endif  // CAPALLOC_DLPACK_HPP_

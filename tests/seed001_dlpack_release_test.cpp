@@ -1,0 +1,223 @@
+// tests/seed001_dlpack_release_test.cpp: field report 001 (seeds/001_*.txt)
+// on the host runtime, and DLPack import's errors.
+//
+// The report: a consumer reads a DLPack tensor's pointer while preparing a
+// launch, calls the tensor's deleter right away, and only then enqueues the
+// asynchronous kernel that reads the memory. A producer whose deleter
+// returns the memory to its pool lets the next tensor overwrite it before
+// the kernel runs. Here the producer is a one-slot pool whose deleter
+// poisons the slot and hands it back; the kernel is held back by a gate
+// until argument preparation (and, with capalloc, the release request) has
+// finished, as a GPU that has not reached the kernel yet would be.
+#include <dlpack/dlpack.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+
+#include "capalloc/dlpack.hpp"
+#include "capalloc/release.hpp"
+#include "release_test_support.hpp"
+#include "test_support.hpp"
+
+namespace capalloc::testing {
+namespace {
+
+constexpr std::uint32_t kPoison = 0xDEADBEEF;
+constexpr int kElements = 64;
+
+// The producer: one buffer, handed out as a DLPack tensor holding `value`;
+// its deleter poisons the buffer and returns it, so the next export reuses
+// (and overwrites) it.
+class OneSlotProducer {
+ public:
+  DLManagedTensor* export_tensor(std::uint32_t value) {
+    REQUIRE_FALSE(in_use_);
+    in_use_ = true;
+    for (auto& v : slot_) v = value;
+    managed_ = DLManagedTensor{};
+    managed_.dl_tensor.data = slot_.data();
+    managed_.dl_tensor.device = {kDLCPU, 0};
+    managed_.dl_tensor.ndim = 1;
+    managed_.dl_tensor.dtype = {kDLUInt, 32, 1};
+    managed_.dl_tensor.shape = &shape_;
+    managed_.manager_ctx = this;
+    managed_.deleter = [](DLManagedTensor* self) {
+      auto* producer = static_cast<OneSlotProducer*>(self->manager_ctx);
+      for (auto& v : producer->slot_) v = kPoison;
+      ++producer->deleted_;
+      producer->in_use_ = false;  // last: the slot may be exported again
+    };
+    return &managed_;
+  }
+  bool free() const { return !in_use_; }
+  int deleted() const { return deleted_; }
+
+ private:
+  alignas(256) std::array<std::uint32_t, kElements> slot_{};
+  std::int64_t shape_ = kElements;
+  DLManagedTensor managed_{};
+  std::atomic<bool> in_use_{false};
+  std::atomic<int> deleted_{0};
+};
+
+// The consumer's kernel, held back by `gate`: counts the elements that do
+// not hold the value exported (100), the poison among them.
+void launch_gated_read(DeviceRuntime& rt, StreamHandle stream, const Gate& gate,
+                       const std::uint32_t* data, std::atomic<int>* poisoned) {
+  REQUIRE_OK(rt.launch_kernel(stream, gate.kernel(nullptr, 0)));
+  REQUIRE_OK(rt.launch_kernel(stream, host_kernel("read", [data, poisoned] {
+                                int bad = 0;
+                                for (int i = 0; i < kElements; ++i) bad += data[i] != 100 ? 1 : 0;
+                                poisoned->store(bad);
+                              })));
+}
+
+constexpr int kRepetitions = 200;
+
+TEST_CASE("seed 001: the report's immediate DLPack release lets the kernel read poison") {
+  auto rt = host_runtime();
+  const StreamHandle stream = rt->create_stream(0).value();
+  OneSlotProducer producer;
+  int runs_that_read_poison = 0;
+  for (int rep = 0; rep < kRepetitions; ++rep) {
+    DLManagedTensor* t = producer.export_tensor(100);
+    // Argument preparation as the report describes it: take the pointer,
+    // then call the deleter at once, then launch.
+    const auto* data = static_cast<const std::uint32_t*>(t->dl_tensor.data);
+    t->deleter(t);
+    std::atomic<int> poisoned{-1};
+    Gate gate;
+    launch_gated_read(*rt, stream, gate, data, &poisoned);
+    gate.open();
+    REQUIRE_OK(rt->synchronize_stream(stream));
+    if (poisoned.load() > 0) ++runs_that_read_poison;
+  }
+  CHECK(runs_that_read_poison == kRepetitions);
+}
+
+TEST_CASE("seed 001: with capalloc's stream-ordered release the kernel never reads poison") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  const StreamHandle stream = rt->create_stream(0).value();
+  OneSlotProducer producer;
+  int runs_that_read_poison = 0;
+  int deleter_ran_early = 0;
+  for (int rep = 0; rep < kRepetitions; ++rep) {
+    DLManagedTensor* t = producer.export_tensor(100);
+    auto imported = imports.import(t, stream);
+    REQUIRE_OK(imported);
+    std::atomic<int> poisoned{-1};
+    Gate gate;
+    launch_gated_read(*rt, stream, gate, static_cast<const std::uint32_t*>(imported->data),
+                      &poisoned);
+    // Argument preparation is over: the consumer gives the tensor back.
+    REQUIRE_OK(imports.release(t));
+    if (producer.free()) ++deleter_ran_early;
+    gate.open();
+    REQUIRE_OK(rt->synchronize_stream(stream));
+    if (poisoned.load() != 0) ++runs_that_read_poison;
+    // The deleter runs on capalloc's thread once the kernel is done; the
+    // next export needs the slot back.
+    while (!producer.free()) std::this_thread::yield();
+  }
+  REQUIRE_OK(queue->drain());  // every deleter has returned before the producer goes
+  CHECK(runs_that_read_poison == 0);
+  CHECK(deleter_ran_early == 0);
+  CHECK(producer.deleted() == kRepetitions);
+  CHECK(imports.imported() == 0);
+}
+
+DLManagedTensor cpu_tensor(void* data, std::int64_t* shape, int ndim) {
+  DLManagedTensor m{};
+  m.dl_tensor.data = data;
+  m.dl_tensor.device = {kDLCPU, 0};
+  m.dl_tensor.ndim = ndim;
+  m.dl_tensor.dtype = {kDLFloat, 32, 1};
+  m.dl_tensor.shape = shape;
+  return m;
+}
+
+TEST_CASE("dlpack import: bad input is a clear error that changes nothing") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  const StreamHandle stream = rt->create_stream(0).value();
+  float data[8] = {};
+  std::int64_t shape[1] = {8};
+  int deleted = 0;
+  DLManagedTensor t = cpu_tensor(data, shape, 1);
+  t.manager_ctx = &deleted;
+  t.deleter = [](DLManagedTensor* self) { ++*static_cast<int*>(self->manager_ctx); };
+
+  auto status = imports.import(nullptr, stream).status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("tensor is null") != std::string::npos);
+
+  DLManagedTensor gpu = t;
+  gpu.dl_tensor.device = {kDLCUDA, 0};
+  status = imports.import(&gpu, stream).status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("kDLCUDA") != std::string::npos);
+  CHECK(std::string(status.message()).find("host runtime serves kDLCPU only") != std::string::npos);
+
+  DLManagedTensor other_device = t;
+  other_device.dl_tensor.device = {kDLCPU, 4};
+  CHECK(imports.import(&other_device, stream).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  std::int64_t negative[1] = {-1};
+  DLManagedTensor bad_shape = cpu_tensor(data, negative, 1);
+  CHECK(imports.import(&bad_shape, stream).status().code() == absl::StatusCode::kInvalidArgument);
+
+  CHECK(imports.import(&t, StreamHandle{424242}).status().code() == absl::StatusCode::kNotFound);
+  CHECK(imports.imported() == 0);
+
+  auto first = imports.import(&t, stream);
+  REQUIRE_OK(first);
+  CHECK(first->data == data);
+  CHECK(first->bytes == sizeof(data));
+  status = imports.import(&t, stream).status();
+  CHECK(status.code() == absl::StatusCode::kAlreadyExists);
+  CHECK(std::string(status.message()).find("already imported") != std::string::npos);
+  CHECK(imports.imported() == 1);
+
+  REQUIRE_OK(imports.release(&t));
+  status = imports.release(&t);
+  CHECK(status.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(status.message()).find("released already") != std::string::npos);
+  CHECK(imports.release(nullptr).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_OK(queue->drain());
+  CHECK(deleted == 1);
+  CHECK(queue->stats().requested == 1);
+}
+
+TEST_CASE("dlpack import: strides and offsets give the bytes the tensor addresses") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  float data[64] = {};
+  std::int64_t shape[2] = {4, 3};
+  std::int64_t strides[2] = {1, 8};  // column-major with padding
+  DLManagedTensor t = cpu_tensor(data, shape, 2);
+  t.dl_tensor.strides = strides;
+  t.dl_tensor.byte_offset = 16;
+  auto view = imports.import(&t, kDefaultStream);
+  REQUIRE_OK(view);
+  CHECK(view->data == reinterpret_cast<char*>(data) + 16);
+  CHECK(view->bytes == (3 + 2 * 8 + 1) * sizeof(float));  // last element at 3*1 + 2*8
+
+  std::int64_t empty_shape[1] = {0};
+  DLManagedTensor empty = cpu_tensor(nullptr, empty_shape, 1);
+  auto none = imports.import(&empty, kDefaultStream);
+  REQUIRE_OK(none);
+  CHECK(none->bytes == 0);
+  // Both are released by the destructor, in stream order.
+}
+
+}  // namespace
+}  // namespace capalloc::testing
