@@ -30,6 +30,13 @@ REQUIRED_PACKAGES=(
   python3-setuptools
   python3-wheel
   patchelf
+  # `capalloc bench` (docs/performance.md): the host mallocs it replays
+  # traces through (preloaded into its children), and callgrind for its
+  # instruction counts (--callgrind, and its smoke test).
+  libjemalloc2
+  libmimalloc2.0
+  libtcmalloc-minimal4
+  valgrind
 )
 
 # GPU toolchains that Debian packages: HIP, so that the HIP kernels (and the
