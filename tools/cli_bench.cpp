@@ -9,12 +9,17 @@
 // round: one fresh child per allocator, in an order rotated each round, each
 // doing a warm-up pass and one measured pass. Figures per trace and
 // allocator:
-//   ns/op median  the median over rounds of the measured pass's mean
-//                 (its time over its alloc and free operations)
-//   ns/op p99     the 99th percentile of the batch means (batches of 256
-//                 operations) of every round's measured pass
-//   vs capalloc   the median over rounds of (this allocator's ns/op) /
-//                 (capalloc's ns/op in the same round)
+//   ns/op median  the median over rounds of the median batch of the round's
+//                 measured pass (a batch: 256 consecutive alloc/free
+//                 operations, its time over its operations); robust to the
+//                 preemptions of a shared machine, which hit few batches
+//   ns/op p99     the 99th percentile of the batches of every round
+//   mean          the median over rounds of the pass's time over its
+//                 operations (every preemption included)
+//   cpu           the same with the replaying thread's CPU time
+//                 (CLOCK_THREAD_CPUTIME_ID), which preemption does not add to
+//   vs capalloc   the median over rounds of (this allocator's batch median) /
+//                 (capalloc's in the same round)
 //   peak reserved / peak requested: capalloc's reserved_bytes_peak (its
 //                 stats) and the naive baseline's page-rounded live bytes,
 //                 over the trace's own peak of live bytes; n/a for mallocs.
@@ -137,7 +142,9 @@ struct Runs {
   AllocatorSetup setup;
   std::string skipped;  // why it does not run on this trace ("" when it does)
   std::string error;
-  std::vector<double> ns_per_op;  // per round
+  std::vector<double> ns_per_op;  // per round: the median batch
+  std::vector<double> mean;       // per round: the pass's time over its operations
+  std::vector<double> cpu;        // per round: the pass's CPU time over its operations
   std::vector<double> batches;    // every round's batch means, pooled
   std::vector<double> inside, outside, capture_begin_ms, capture_end_ms, replay_us, destroy_ms;
   std::int64_t peak_reserved = -1;
@@ -149,7 +156,11 @@ void absorb(Runs& runs, const Json& result) {
   const Json& pass = result["pass"];
   const double ops_out = pass["ops_outside"].get<double>(), ops_in = pass["ops_inside"].get<double>();
   const double ns_out = pass["ns_outside"].get<double>(), ns_in = pass["ns_inside"].get<double>();
-  runs.ns_per_op.push_back((ns_out + ns_in) / std::max(1.0, ops_out + ops_in));
+  runs.mean.push_back((ns_out + ns_in) / std::max(1.0, ops_out + ops_in));
+  runs.cpu.push_back(pass["cpu_ns"].get<double>() / std::max(1.0, ops_out + ops_in));
+  std::vector<double> round_batches;
+  for (const Json& b : pass["batch_ns_per_op"]) round_batches.push_back(b.get<double>());
+  runs.ns_per_op.push_back(median(round_batches));
   if (ops_in > 0) runs.inside.push_back(ns_in / ops_in);
   if (ops_out > 0) runs.outside.push_back(ns_out / ops_out);
   auto per = [&](const char* event, double scale, std::vector<double>& into) {
@@ -311,7 +322,8 @@ Json trace_json(const std::string& path, const trace::Trace& trace, const std::v
     r["repetitions"] = runs.ns_per_op.size();
     r["ns_per_op_median"] = number_or_null(ns);
     r["ns_per_op_p99"] = number_or_null(percentile(runs.batches, 99));
-    r["ns_per_op_min"] = number_or_null(percentile(runs.ns_per_op, 0));
+    r["ns_per_op_mean"] = number_or_null(median(runs.mean));
+    r["cpu_ns_per_op"] = number_or_null(median(runs.cpu));
     r["ns_per_op_rounds"] = runs.ns_per_op;
     r["time_vs_capalloc"] = number_or_null(ratio_to_capalloc(runs, all));
     if (runs.peak_reserved >= 0) {
@@ -368,8 +380,8 @@ void print_trace(const Json& t) {
                 static_cast<unsigned long long>(t["captures"].get<std::uint64_t>()),
                 static_cast<unsigned long long>(t["replays"].get<std::uint64_t>()));
   }
-  std::printf("\n  %-10s %13s %11s %12s %24s\n", "allocator", "ns/op median", "ns/op p99",
-              "vs capalloc", "peak reserved/requested");
+  std::printf("\n  %-10s %13s %11s %10s %10s %12s %24s\n", "allocator", "ns/op median",
+              "ns/op p99", "mean", "cpu", "vs capalloc", "peak reserved/requested");
   auto num = [](const Json& v, int decimals) {
     return v.is_number() ? fmt(v.get<double>(), decimals) : std::string("n/a");
   };
@@ -380,8 +392,10 @@ void print_trace(const Json& t) {
                   r["reason"].get<std::string>().c_str());
       continue;
     }
-    std::printf("  %-10s %13s %11s %11sx %24s\n", name.c_str(), num(r["ns_per_op_median"], 1).c_str(),
-                num(r["ns_per_op_p99"], 1).c_str(), num(r["time_vs_capalloc"], 2).c_str(),
+    std::printf("  %-10s %13s %11s %10s %10s %11sx %24s\n", name.c_str(),
+                num(r["ns_per_op_median"], 1).c_str(), num(r["ns_per_op_p99"], 1).c_str(),
+                num(r["ns_per_op_mean"], 1).c_str(), num(r["cpu_ns_per_op"], 1).c_str(),
+                num(r["time_vs_capalloc"], 2).c_str(),
                 num(r["peak_reserved_over_requested"], 3).c_str());
     if (r.contains("captures")) {
       const Json& c = r["captures"];
@@ -453,8 +467,10 @@ int bench_command(const BenchFlags& flags) {
                 flags.repetitions, static_cast<long long>(m["nproc"].get<std::int64_t>()),
                 m["cpu"].get<std::string>().c_str(), m["compiler"].get<std::string>().c_str(),
                 m["build_type"].get<std::string>().c_str());
-    std::printf("ns/op median: over repetitions of each pass's mean; p99: over %u-operation "
-                "batches of every pass; vs capalloc: median over repetitions of the ratio\n",
+    std::printf("ns/op median: over repetitions, of each pass's median %u-operation batch; p99: "
+                "over the batches of every pass; mean: of each pass's wall time, cpu: of its "
+                "thread CPU time, per operation; vs capalloc: median over repetitions of the "
+                "ratio of batch medians\n",
                 trace::kBatchOps);
     for (const Json& t : out["traces"]) print_trace(t);
   }

@@ -22,17 +22,18 @@ def render(result):
     lines.append("%d repetition(s); %d CPUs, %s, %s, %s build." % (
         result["repetitions"], m["nproc"], m["cpu"], m["compiler"], m["build_type"]))
     lines.append("")
-    lines.append("| trace | allocator | ns/op median | ns/op p99 | time vs capalloc | "
+    lines.append("| trace | allocator | ns/op median | ns/op p99 | mean | cpu | time vs capalloc | "
                  "peak reserved / peak requested |")
-    lines.append("| --- | --- | ---: | ---: | ---: | ---: |")
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     notes = []
     for trace in result["traces"]:
         name = os.path.basename(trace["path"])
         for r in trace["results"]:
             if r["status"] != "ok":
                 continue
-            lines.append("| %s | %s | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 name, r["allocator"], num(r["ns_per_op_median"]), num(r["ns_per_op_p99"]),
+                num(r["ns_per_op_mean"]), num(r["cpu_ns_per_op"]),
                 num(r["time_vs_capalloc"], 2, "x"), num(r["peak_reserved_over_requested"], 3)))
             c = r.get("captures")
             if c:

@@ -5,6 +5,8 @@
 // parsed or hashed while it runs.
 #include "tools/trace/replay.hpp"
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdint>
 #include <type_traits>
@@ -29,9 +31,16 @@ struct PassResult {
   std::uint64_t ops_inside = 0, ns_inside = 0;    // operations while a capture is active
   std::vector<float> batch_ns_per_op;
   EventCost capture_begin, capture_end, replay, graph_destroy;
+  std::uint64_t cpu_ns = 0;  // the replaying thread's CPU time over the whole pass
   bool failed = false;
   std::size_t failed_op = 0;
 };
+
+std::uint64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u + static_cast<std::uint64_t>(ts.tv_nsec);
+}
 
 std::uint64_t now_ns() {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -169,7 +178,9 @@ absl::Status one_pass(Backend& backend, const Trace& trace, std::vector<void*>& 
                       std::vector<PoolMemory>* pools) {
   if (auto s = backend.begin_pass(trace); !s.ok()) return s;
   if (!measured || !counted) {
+    const std::uint64_t cpu0 = thread_cpu_ns();
     timed_replay_pass(backend, trace, slots.data(), r);
+    r.cpu_ns = thread_cpu_ns() - cpu0;
   } else {
     counted_replay_pass(backend, trace, slots.data(), r);
   }
@@ -228,6 +239,7 @@ absl::StatusOr<nlohmann::ordered_json> replay_with(Backend& backend, const Trace
                    {"capture_end", cost_json(r.capture_end)},
                    {"replay", cost_json(r.replay)},
                    {"graph_destroy", cost_json(r.graph_destroy)},
+                   {"cpu_ns", r.cpu_ns},
                    {"batch_ns_per_op", r.batch_ns_per_op}};
   }
   if constexpr (kCapalloc) {
