@@ -277,18 +277,34 @@ std::vector<Runs> measure(const std::string& path, const trace::Trace& trace,
   return all;
 }
 
-// Median over rounds of this allocator's ns/op over capalloc's in the same
-// round (NaN when either is missing).
-double ratio_to_capalloc(const Runs& runs, const std::vector<Runs>& all) {
+// Median over rounds of this allocator's figure over capalloc's in the same
+// round (NaN when either is missing); `figure` is Runs::ns_per_op (batch
+// medians) or Runs::cpu.
+double ratio_to_capalloc(const Runs& runs, const std::vector<Runs>& all,
+                         std::vector<double> Runs::*figure = &Runs::ns_per_op) {
   const Runs* capalloc = nullptr;
   for (const Runs& r : all)
     if (r.setup.name == "capalloc") capalloc = &r;
-  if (capalloc == nullptr || capalloc->ns_per_op.size() != runs.ns_per_op.size()) return std::nan("");
+  if (capalloc == nullptr || (capalloc->*figure).size() != (runs.*figure).size()) return std::nan("");
   std::vector<double> ratios;
-  for (std::size_t i = 0; i < runs.ns_per_op.size(); ++i) {
-    ratios.push_back(runs.ns_per_op[i] / capalloc->ns_per_op[i]);
+  for (std::size_t i = 0; i < (runs.*figure).size(); ++i) {
+    ratios.push_back((runs.*figure)[i] / (capalloc->*figure)[i]);
   }
   return median(ratios);
+}
+
+// The host malloc with the smallest median of `figure`, and capalloc's ratio
+// to it.
+void fastest_host(const std::vector<Runs>& all, std::vector<double> Runs::*figure,
+                  const char* name_key, const char* ratio_key, Json& summary) {
+  const Runs* fastest = nullptr;
+  for (const Runs& runs : all) {
+    if (!runs.setup.host_malloc || (runs.*figure).empty()) continue;
+    if (fastest == nullptr || median(runs.*figure) < median(fastest->*figure)) fastest = &runs;
+  }
+  if (fastest == nullptr) return;
+  summary[name_key] = fastest->setup.name;
+  summary[ratio_key] = number_or_null(1.0 / ratio_to_capalloc(*fastest, all, figure));
 }
 
 Json trace_json(const std::string& path, const trace::Trace& trace, const std::vector<Runs>& all) {
@@ -302,8 +318,6 @@ Json trace_json(const std::string& path, const trace::Trace& trace, const std::v
             {"replays", trace.replays}};
   Json results = Json::array();
   const double requested = static_cast<double>(trace.peak_requested_bytes);
-  std::string fastest;
-  double fastest_ns = std::nan("");
   for (const Runs& runs : all) {
     Json r = {{"allocator", runs.setup.name}};
     if (!runs.skipped.empty() || !runs.error.empty()) {
@@ -313,10 +327,6 @@ Json trace_json(const std::string& path, const trace::Trace& trace, const std::v
       continue;
     }
     const double ns = median(runs.ns_per_op);
-    if (runs.setup.host_malloc && (fastest.empty() || ns < fastest_ns)) {
-      fastest = runs.setup.name;
-      fastest_ns = ns;
-    }
     r["status"] = "ok";
     r["malloc_library"] = runs.malloc_library;
     r["repetitions"] = runs.ns_per_op.size();
@@ -354,14 +364,9 @@ Json trace_json(const std::string& path, const trace::Trace& trace, const std::v
     if (runs.setup.name == "capalloc" && !runs.ns_per_op.empty()) capalloc_ns = median(runs.ns_per_op);
     if (runs.setup.name == "naive" && !runs.ns_per_op.empty()) naive_ratio = ratio_to_capalloc(runs, all);
   }
-  if (!fastest.empty()) {
-    summary["fastest_host_allocator"] = fastest;
-    for (const Runs& runs : all) {
-      if (runs.setup.name == fastest) {
-        summary["capalloc_over_fastest"] = number_or_null(1.0 / ratio_to_capalloc(runs, all));
-      }
-    }
-  }
+  fastest_host(all, &Runs::ns_per_op, "fastest_host_allocator", "capalloc_over_fastest", summary);
+  fastest_host(all, &Runs::cpu, "fastest_host_allocator_by_cpu", "capalloc_over_fastest_by_cpu",
+               summary);
   summary["naive_over_capalloc"] = number_or_null(naive_ratio);
   summary["capalloc_ns_per_op"] = number_or_null(capalloc_ns);
   t["summary"] = summary;
@@ -414,9 +419,11 @@ void print_trace(const Json& t) {
   }
   const Json& s = t["summary"];
   if (s.contains("fastest_host_allocator")) {
-    std::printf("  capalloc / fastest host allocator (%s): %sx\n",
+    std::printf("  capalloc / fastest host allocator: %sx by ns/op median (%s), %sx by cpu (%s)\n",
+                num(s["capalloc_over_fastest"], 2).c_str(),
                 s["fastest_host_allocator"].get<std::string>().c_str(),
-                num(s["capalloc_over_fastest"], 2).c_str());
+                num(s["capalloc_over_fastest_by_cpu"], 2).c_str(),
+                s["fastest_host_allocator_by_cpu"].get<std::string>().c_str());
   }
   if (s["naive_over_capalloc"].is_number()) {
     std::printf("  naive / capalloc: %sx\n", num(s["naive_over_capalloc"], 1).c_str());

@@ -48,9 +48,13 @@ def render(result):
                                  num(c["replay_us_each"], 1), pools))
         s = trace["summary"]
         if "fastest_host_allocator" in s:
-            notes.append("%s: capalloc / fastest host allocator (%s) %s; naive / capalloc %s" % (
-                name, s["fastest_host_allocator"], num(s.get("capalloc_over_fastest"), 2, "x"),
-                num(s.get("naive_over_capalloc"), 1, "x")))
+            notes.append("%s: capalloc / fastest host allocator: %s by ns/op median (%s), %s by "
+                         "cpu (%s); naive / capalloc %s" % (
+                             name, num(s.get("capalloc_over_fastest"), 2, "x"),
+                             s["fastest_host_allocator"],
+                             num(s.get("capalloc_over_fastest_by_cpu"), 2, "x"),
+                             s.get("fastest_host_allocator_by_cpu"),
+                             num(s.get("naive_over_capalloc"), 1, "x")))
     lines.append("")
     lines += ["- " + n for n in notes]
     return "\n".join(lines)
