@@ -104,6 +104,15 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
     return out_of_memory(
         absl::StrCat("the device has only ", detail::bytes(info->total_bytes), " in all"));
   }
+  // An oversize request that no cached oversize block fits: the stream's
+  // fully free oversize segments fit no request of this size either, so
+  // they go back before a new one is reserved (peak reserved stays close to
+  // peak requested; PyTorch keeps them until out of memory). Not while a
+  // capture is under way: releasing memory then is illegal.
+  if (policy.class_of(rounded) == detail::SizeClass::kOversize && events_allowed(device) &&
+      !runtime_capturing(device, stream)) {
+    release_segments(device, pool, stream, detail::SizeClass::kOversize).IgnoreError();
+  }
   auto base = reserve_relaxed(device, segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {
     ++stats.retries;
@@ -279,7 +288,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     return absl::InvalidArgumentError(
         absl::StrFormat("allocate: size %d bytes is not a plausible request", bytes));
   }
-  if (absl::Status s = m.check_device(device); !s.ok()) return s;
+  if (static_cast<std::size_t>(device) >= m.devices.size()) return m.check_device(device);
   const std::size_t granularity = m.policy.granularity;
   const std::size_t rounded = (bytes + granularity - 1) & ~(granularity - 1);
 
@@ -310,7 +319,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     }
   }
   if (!m.pending.empty() || !m.deferred.empty()) m.process_pending();
-  m.apply_gone_graphs();
+  if (m.gone_graphs->any.load(std::memory_order_acquire)) m.apply_gone_graphs();
   Pool& pool = ctx.capture != 0 ? *m.route_for(device, ctx.capture, stream)
                                 : *m.devices[device].default_pool;
   Block* block = pool.take(stream, rounded, bytes);
@@ -320,12 +329,12 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     block = *fresh;
   }
   block->lifetime = options.lifetime;
-  block->tag_id = detail::intern_id(options.tag);
+  block->tag_id = options.tag.empty() ? 0 : detail::intern_id(options.tag);
   block->owner_id = options.owner.empty() ? 0 : detail::intern_id(options.owner);
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
-  m.live.emplace(block->addr, block);
+  m.live.insert(block->addr, block);
   if (ctx.capture != 0) {
     m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
   }
@@ -345,27 +354,27 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
   std::lock_guard lock(m.mu);
-  m.apply_gone_graphs();
-  m.apply_gone_streams();
-  auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == m.live.end()) return m.diagnose_unknown(ptr, "deallocate");
-  Block* block = it->second;
+  m.apply_runtime_reports();
+  Block* block = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return m.diagnose_unknown(ptr, "deallocate");
   const int owner = block->segment->device;
   if (device != kAnyDevice && device != owner) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
   }
-  const std::string_view block_owner = detail::interned(block->owner_id);
-  if (!as_owner.has_value() && block->owner_id != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "deallocate(%p): the block has an owner and a plain free would leave the owner handing "
-        "out a freed address; release it with %s",
-        ptr, std::string(block_owner)));
-  }
-  if (as_owner.has_value() && *as_owner != block_owner) {
-    return absl::PermissionDeniedError(absl::StrFormat(
-        "deallocate_owned(%p): the block's owner is '%s', not '%s'", ptr,
-        std::string(block_owner), std::string(*as_owner)));
+  if (block->owner_id != 0 || as_owner.has_value()) {
+    const std::string_view block_owner = detail::interned(block->owner_id);
+    if (!as_owner.has_value()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "deallocate(%p): the block has an owner and a plain free would leave the owner "
+          "handing out a freed address; release it with %s",
+          ptr, std::string(block_owner)));
+    }
+    if (*as_owner != block_owner) {
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "deallocate_owned(%p): the block's owner is '%s', not '%s'", ptr,
+          std::string(block_owner), std::string(*as_owner)));
+    }
   }
   // The listener hears of the frees that matter to a tracker: every free of a
   // block allocated during a capture, whenever it happens (the tracker keeps
@@ -394,8 +403,8 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
 absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
-  auto it = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == m.live.end()) return m.diagnose_unknown(ptr, "record_stream");
+  Block* block = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (block == nullptr) return m.diagnose_unknown(ptr, "record_stream");
   // Validate the stream first, even one the block already names (its own
   // stream, or one recorded before): that stream may have been destroyed
   // since, and a destroyed stream is refused like any unknown one. An
@@ -403,7 +412,6 @@ absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   // impossible to free. (check_stream only forgets destroyed streams; the
   // block stays where it is.)
   if (absl::Status s = m.check_stream(stream, "record_stream"); !s.ok()) return s;
-  Block* block = it->second;
   if (stream == block->segment->stream) return absl::OkStatus();
   if (std::find(block->used_on.begin(), block->used_on.end(), stream) != block->used_on.end()) {
     return absl::OkStatus();

@@ -69,6 +69,27 @@ absl::StatusOr<BlockInfo> Allocator::block_info(const void* ptr) const {
   return m.info_of(*b);
 }
 
+std::vector<SegmentInfo> Allocator::segments(int device) const {
+  const Impl& m = *impl_;
+  std::vector<SegmentInfo> out;
+  if (!m.check_device(device).ok()) return out;
+  std::lock_guard lock(m.mu);
+  out.reserve(m.devices[device].segments.size());
+  for (const auto& [base, segment] : m.devices[device].segments) {
+    SegmentInfo info;
+    info.base = reinterpret_cast<const void*>(segment->base);
+    info.size = segment->size;
+    info.device = segment->device;
+    info.stream = segment->stream;
+    info.pool = segment->pool->handle();
+    for (const Block* b = segment->first; b != nullptr; b = b->next) {
+      info.blocks.push_back(m.info_of(*b));
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 std::vector<BlockInfo> Allocator::live_blocks(int device, std::vector<MemorySpan> spans) const {
   const Impl& m = *impl_;
   std::vector<BlockInfo> out;
@@ -157,8 +178,7 @@ absl::Status Allocator::CheckInvariants() const {
       for (const Block* b = segment->first; b != nullptr; b = b->next) {
         if (b->state != BlockState::kAllocated) continue;
         ++allocated;
-        auto it = m.live.find(b->addr);
-        if (it == m.live.end() || it->second != b) {
+        if (m.live.find(b->addr) != b) {
           return absl::InternalError(
               absl::StrFormat("allocated block 0x%x is missing from the pointer table", b->addr));
         }

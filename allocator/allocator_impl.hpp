@@ -33,6 +33,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "allocator/block.hpp"
+#include "allocator/block_table.hpp"
+#include "common/futex_mutex.hpp"
 #include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
 #include "capalloc/allocator.hpp"
@@ -109,10 +111,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   AllocatorOptions options;
   detail::SizePolicy policy;
 
-  mutable std::mutex mu;
+  mutable detail::FutexMutex mu;
   detail::BlockArena arena;
   std::vector<detail::DeviceState> devices;
-  absl::flat_hash_map<std::uintptr_t, detail::Block*> live;
+  detail::BlockTable live;
   std::vector<detail::PendingEvent> pending;
   std::vector<detail::Block*> deferred;  // pending-free, events not yet recorded
   absl::flat_hash_map<CaptureId, detail::CaptureRoute> routes;
@@ -151,8 +153,23 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                                  std::string_view tag, const detail::CaptureContext& ctx);
   absl::Status free_block(detail::Block* block);
   // OK when `stream` is a stream of the runtime (checked the first time, then
-  // remembered); else kInvalidArgument naming `call`. Requires mu.
-  absl::Status check_stream(StreamHandle stream, std::string_view call);
+  // remembered); else kInvalidArgument naming `call`. Requires mu. Inline:
+  // the default stream and the last stream used cost a comparison or two.
+  absl::Status check_stream(StreamHandle stream, std::string_view call) {
+    if (stream == kDefaultStream) return absl::OkStatus();
+    if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
+    if (stream == last_known_stream) return absl::OkStatus();
+    return remember_stream(stream, call);
+  }
+  // check_stream for a stream other than the last one used.
+  absl::Status remember_stream(StreamHandle stream, std::string_view call);
+  // What the runtime reported from other threads (graphs gone, streams
+  // destroyed), applied; one atomic load each when there is nothing.
+  // Requires mu.
+  void apply_runtime_reports() {
+    if (gone_graphs->any.load(std::memory_order_acquire)) apply_gone_graphs();
+    if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
+  }
   // Forgets the streams the runtime reported destroyed: their record_stream
   // uses (their work has run) and their fully free segments. Requires mu.
   void apply_gone_streams();
@@ -182,9 +199,11 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // Returns fully free segments of the pools that may give memory back (the
   // default pool, graph pools without references).
   absl::Status release_free_segments(int device);
-  // With `only_stream`, just the segments that stream owns.
+  // With `only_stream`, just the segments that stream owns; with
+  // `only_class`, just those of that size class.
   absl::Status release_segments(int device, detail::Pool& pool,
-                                std::optional<StreamHandle> only_stream = std::nullopt);
+                                std::optional<StreamHandle> only_stream = std::nullopt,
+                                std::optional<detail::SizeClass> only_class = std::nullopt);
   bool events_allowed(int device) const { return devices[device].routes == 0; }
 
   // allocator_checks.cpp

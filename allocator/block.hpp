@@ -28,6 +28,11 @@ class FreeIndex;
 class Pool;
 struct Segment;
 
+// Which segments serve a request (SizePolicy::class_of): small requests
+// share small segments, medium ones large segments; an oversize request gets
+// a segment of its own, which is never split for a smaller request.
+enum class SizeClass : std::uint8_t { kSmall, kLarge, kOversize };
+
 struct Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;       // rounded size; blocks tile their segment
@@ -64,7 +69,7 @@ struct Segment {
   std::size_t size = 0;
   int device = 0;
   StreamHandle stream = kDefaultStream;
-  bool small = false;  // serves small requests only (see SizePolicy)
+  SizeClass size_class = SizeClass::kSmall;  // which requests it serves (SizePolicy)
   Pool* pool = nullptr;
   FreeIndex* index = nullptr;  // the free index of (pool, stream, size class)
   Block* first = nullptr;

@@ -100,7 +100,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   // whether a remaining one is capturing (which defers the free, below).
   bool capturing = false;
   auto& used = block->used_on;
-  used.erase(std::remove_if(used.begin(), used.end(),
+  if (!used.empty()) used.erase(std::remove_if(used.begin(), used.end(),
                             [&](StreamHandle s) {
                               auto info = runtime->capture_info(s);
                               if (info.ok()) {
@@ -119,7 +119,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
         !known_streams.contains(segment->stream) && events_allowed(device)) {
       release_segments(device, pool, segment->stream).IgnoreError();
     }
-    maybe_destroy_pool(&pool);
+    if (pool.is_graph_pool()) maybe_destroy_pool(&pool);
     return absl::OkStatus();
   }
   // Used on other streams: reusable once they pass an event recorded now. An

@@ -49,10 +49,10 @@ Pool::~Pool() {
 
 FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
-FreeIndex* Pool::find_index(StreamHandle stream, bool small) const {
+FreeIndex* Pool::find_index(StreamHandle stream, SizeClass size_class) const {
   // Most requests come from the stream of the previous one: one cached entry
   // saves the hash lookup.
-  const IndexKey key{stream, small};
+  const IndexKey key{stream, size_class};
   if (last_index_ != nullptr && last_key_ == key) return last_index_;
   auto it = indexes_.find(key);
   if (it == indexes_.end()) return nullptr;
@@ -61,8 +61,8 @@ FreeIndex* Pool::find_index(StreamHandle stream, bool small) const {
   return last_index_;
 }
 
-FreeIndex* Pool::make_index(StreamHandle stream, bool small) {
-  auto& slot = indexes_[IndexKey{stream, small}];
+FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
+  auto& slot = indexes_[IndexKey{stream, size_class}];
   if (!slot) slot = std::make_unique<FreeIndex>(policy_.granule_shift);
   return slot.get();
 }
@@ -77,6 +77,9 @@ void Pool::file_free(Block* block) {
 void Pool::split(Block* block, std::size_t rounded) {
   const std::size_t remainder = block->size - rounded;
   if (remainder < policy_.granularity) return;  // keep the slack inside the block
+  // An oversize segment serves one block: a remainder could serve no other
+  // oversize request (SizePolicy::fits_oversize), so it stays inside.
+  if (block->segment->size_class == SizeClass::kOversize) return;
   Block* rest = arena_.make();
   rest->addr = block->addr + rounded;
   rest->size = remainder;
@@ -100,10 +103,14 @@ void Pool::account_allocated(Block* block, std::size_t requested) {
 }
 
 Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requested) {
-  FreeIndex* index = find_index(stream, policy_.is_small(rounded));
+  const SizeClass size_class = policy_.class_of(rounded);
+  FreeIndex* index = find_index(stream, size_class);
   if (index == nullptr) return nullptr;
   Block* block = index->find(rounded);
   if (block == nullptr) return nullptr;
+  if (size_class == SizeClass::kOversize && !policy_.fits_oversize(block->size, rounded)) {
+    return nullptr;
+  }
   index->remove(block);
   --stats_.free_blocks;
   free_bytes_ -= static_cast<std::int64_t>(block->size);
@@ -119,9 +126,9 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segment->size = bytes;
   segment->device = device_;
   segment->stream = stream;
-  segment->small = policy_.is_small(rounded);
+  segment->size_class = policy_.class_of(rounded);
   segment->pool = this;
-  segment->index = make_index(stream, segment->small);
+  segment->index = make_index(stream, segment->size_class);
   Block* block = arena_.make();
   block->addr = segment->base;
   block->size = bytes;
@@ -190,7 +197,8 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
   for (auto it = segments_.begin(); it != segments_.end(); ++it) {
     Segment& segment = **it;
     if (!segment.fully_free() ||
-        keep_segment({reinterpret_cast<void*>(segment.base), segment.size, segment.stream})) {
+        keep_segment({reinterpret_cast<void*>(segment.base), segment.size, segment.stream,
+                      segment.size_class})) {
       if (keep != it) *keep = std::move(*it);
       ++keep;
       continue;
@@ -202,7 +210,8 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     arena_.recycle(block);
     bump(stats_.reserved_bytes, -static_cast<std::int64_t>(segment.size));
     bump(stats_.segments, -1);
-    out.push_back({reinterpret_cast<void*>(segment.base), segment.size, segment.stream});
+    out.push_back({reinterpret_cast<void*>(segment.base), segment.size, segment.stream,
+                   segment.size_class});
     it->reset();
   }
   if (keep != segments_.end()) {
@@ -248,7 +257,7 @@ absl::Status Pool::check_invariants() const {
               absl::StrFormat("free blocks 0x%x and 0x%x are adjacent and unmerged", prev->addr,
                               b->addr));
         }
-        FreeIndex* index = find_index(segment->stream, segment->small);
+        FreeIndex* index = find_index(segment->stream, segment->size_class);
         if (!b->in_free_index || index == nullptr || !index->contains(b)) {
           return absl::InternalError(
               absl::StrFormat("free block 0x%x is missing from its free index", b->addr));

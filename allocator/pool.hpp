@@ -47,6 +47,18 @@ struct SizePolicy {
 
   static SizePolicy from(const AllocatorOptions& options);
   bool is_small(std::size_t rounded) const { return rounded <= small_request_limit; }
+  SizeClass class_of(std::size_t rounded) const {
+    return rounded <= small_request_limit    ? SizeClass::kSmall
+           : rounded <= medium_request_limit ? SizeClass::kLarge
+                                             : SizeClass::kOversize;
+  }
+  // An oversize block serves a request only if it wastes at most this
+  // fraction of it (1/kOversizeSlack): a cached 40 MiB block is not pinned
+  // down by a 12 MiB tensor, and is released instead when nothing fits.
+  static constexpr std::size_t kOversizeSlack = 8;
+  bool fits_oversize(std::size_t block_bytes, std::size_t rounded) const {
+    return block_bytes - rounded <= rounded / kOversizeSlack;
+  }
   std::size_t segment_bytes_for(std::size_t rounded) const;
 };
 
@@ -54,6 +66,7 @@ struct SegmentRange {
   void* base = nullptr;
   std::size_t bytes = 0;
   StreamHandle stream = kDefaultStream;  // the stream owning the segment
+  SizeClass size_class = SizeClass::kSmall;
 };
 
 class Pool {
@@ -119,16 +132,16 @@ class Pool {
  private:
   struct IndexKey {
     StreamHandle stream;
-    bool small;
+    SizeClass size_class;
     bool operator==(const IndexKey&) const = default;
     template <typename H>
     friend H AbslHashValue(H h, const IndexKey& k) {
-      return H::combine(std::move(h), k.stream, k.small);
+      return H::combine(std::move(h), k.stream, k.size_class);
     }
   };
   FreeIndex& index_for(const Segment& segment);
-  FreeIndex* find_index(StreamHandle stream, bool small) const;
-  FreeIndex* make_index(StreamHandle stream, bool small);
+  FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const;
+  FreeIndex* make_index(StreamHandle stream, SizeClass size_class);
   // Splits `block` (free, out of the index) so that it is `rounded` bytes;
   // the remainder is filed as a free block.
   void split(Block* block, std::size_t rounded);
@@ -142,7 +155,7 @@ class Pool {
   BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;
   absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
-  mutable IndexKey last_key_{kDefaultStream, false};
+  mutable IndexKey last_key_{kDefaultStream, SizeClass::kSmall};
   mutable FreeIndex* last_index_ = nullptr;
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks

@@ -23,10 +23,7 @@ namespace capalloc {
 
 using detail::Block;
 
-absl::Status Allocator::Impl::check_stream(StreamHandle stream, std::string_view call) {
-  if (stream == kDefaultStream) return absl::OkStatus();
-  apply_gone_streams();  // one atomic load when no stream was destroyed
-  if (stream == last_known_stream) return absl::OkStatus();
+absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_view call) {
   if (!known_streams.contains(stream)) {
     if (auto info = runtime->capture_info(stream); !info.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -63,9 +60,9 @@ void Allocator::Impl::apply_gone_streams() {
     known_streams.erase(stream);
     if (last_known_stream == stream) last_known_stream = kDefaultStream;
   }
-  for (auto& [addr, block] : live) {
+  live.for_each([&](std::uintptr_t, Block* block) {
     if (!block->used_on.empty()) forget(block);
-  }
+  });
   // Frees deferred only for these streams' sake complete now. (Events
   // already recorded on them have completed too: process_pending sees them.)
   auto keep = deferred.begin();

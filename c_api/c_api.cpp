@@ -54,13 +54,17 @@ capalloc_status to_code(const absl::Status& status) {
 
 namespace capalloc::detail {
 
-capalloc_status report_c_status(const absl::Status& status) {
-  if (status.ok()) {
-    last_error.clear();  // keeps the buffer: no allocation on the success path
-  } else {
-    last_error.assign(status.message().data(), status.message().size());
-  }
+thread_local constinit bool c_error_set = false;
+
+capalloc_status report_c_error(const absl::Status& status) {
+  last_error.assign(status.message().data(), status.message().size());
+  c_error_set = !last_error.empty();
   return to_code(status);
+}
+
+void clear_c_error() {
+  last_error.clear();  // keeps the buffer: no allocation on later successes
+  c_error_set = false;
 }
 
 std::string& c_json_slot() { return last_json; }
@@ -359,9 +363,15 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
     }
     // A capture that a PyTorch pool's filter accepts allocates into that
     // pool (capalloc_torch_begin_allocate_to_pool).
-    return capalloc::detail::route_torch_capture(g, device, stream);
+    if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
+      return s;
+    }
+    auto p = g.allocator->allocate(size, device, as_stream(stream));
+    if (!p.ok()) return p.status();
+    out = *p;
+    return absl::OkStatus();
   });
-  if (status != CAPALLOC_OK || capalloc_malloc(&out, size, device, stream) != CAPALLOC_OK) {
+  if (status != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
                                   last_error);
     return nullptr;

@@ -6,6 +6,7 @@
 #ifndef CAPALLOC_C_API_C_API_SUPPORT_HPP_
 #define CAPALLOC_C_API_C_API_SUPPORT_HPP_
 
+#include <atomic>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,9 +16,26 @@
 
 namespace capalloc::detail {
 
+// True while the calling thread's last error message is not empty. A plain
+// flag, so that the success path of every call (which clears the message)
+// reads one thread-local byte instead of touching the thread-local string:
+// constinit, so no TLS wrapper guards it, and initial-exec, so it is one
+// %fs-relative load rather than a __tls_get_addr call (one byte of the
+// static TLS surplus that glibc keeps for libraries loaded with dlopen).
+extern thread_local constinit bool c_error_set __attribute__((tls_model("initial-exec")));
+// report_c_status's out-of-line halves.
+capalloc_status report_c_error(const absl::Status& status);
+void clear_c_error();
+
 // Keeps the status's message as the calling thread's last error ("" when
 // ok) and returns its code.
-capalloc_status report_c_status(const absl::Status& status);
+inline capalloc_status report_c_status(const absl::Status& status) {
+  if (status.ok()) {
+    if (c_error_set) clear_c_error();
+    return CAPALLOC_OK;
+  }
+  return report_c_error(status);
+}
 // The calling thread's string for JSON answers (findings, snapshots).
 std::string& c_json_slot();
 // The calling thread's last error message.
@@ -34,10 +52,18 @@ capalloc_status with_global(Body&& body) noexcept {
   }));
 }
 
-// Called by capalloc_torch_malloc before each allocation (torch_pools.cpp):
-// routes a capture on `stream` that a PyTorch pool's filter accepts to that
-// pool's graph pool, the first time the capture allocates.
-absl::Status route_torch_capture(const GlobalCapalloc& g, int device, void* stream);
+// PyTorch pool begins underway on any device (torch_pools.cpp); almost
+// always 0, so that capalloc_torch_malloc's routing costs one load.
+extern std::atomic<int> torch_begins_underway;
+absl::Status route_torch_capture_underway(const GlobalCapalloc& g, int device, void* stream);
+
+// Called by capalloc_torch_malloc before each allocation: routes a capture
+// on `stream` that a PyTorch pool's filter accepts to that pool's graph
+// pool, the first time the capture allocates.
+inline absl::Status route_torch_capture(const GlobalCapalloc& g, int device, void* stream) {
+  if (torch_begins_underway.load(std::memory_order_acquire) == 0) return absl::OkStatus();
+  return route_torch_capture_underway(g, device, stream);
+}
 
 }  // namespace capalloc::detail
 

@@ -56,8 +56,6 @@ struct TorchPools {
   std::mutex mu;
   std::map<TorchPoolKey, TorchPool> pools;
   absl::flat_hash_set<CaptureId> routed;  // captures routed by a filter, until their end
-  // Begins underway on any device: capalloc_torch_malloc's fast path.
-  std::atomic<int> underway{0};
 };
 
 TorchPools& torch_pools() {
@@ -88,9 +86,10 @@ bool strict_refuses(const CaptureTracker& tracker, const Finding& f) {
 
 }  // namespace
 
-absl::Status route_torch_capture(const GlobalCapalloc& g, int device, void* stream) {
+constinit std::atomic<int> torch_begins_underway{0};
+
+absl::Status route_torch_capture_underway(const GlobalCapalloc& g, int device, void* stream) {
   TorchPools& tp = torch_pools();
-  if (tp.underway.load(std::memory_order_acquire) == 0) return absl::OkStatus();
   const auto handle = reinterpret_cast<StreamHandle>(stream);
   auto info = g.allocator->runtime().capture_info(handle);
   // An unusable stream: the allocation reports it.
@@ -150,7 +149,7 @@ capalloc_status capalloc_torch_begin_allocate_to_pool(int device, uint64_t pool_
     }
     it->second.underway.push_back({filter, context, {}});
     ++it->second.uses;
-    tp.underway.fetch_add(1, std::memory_order_release);
+    capalloc::detail::torch_begins_underway.fetch_add(1, std::memory_order_release);
     return absl::OkStatus();
   });
 }
@@ -190,7 +189,7 @@ capalloc_status capalloc_torch_end_allocate_to_pool(int device, uint64_t pool_a,
         ended.push_back(id);
       }
       underway.pop_front();
-      tp.underway.fetch_sub(1, std::memory_order_release);
+      capalloc::detail::torch_begins_underway.fetch_sub(1, std::memory_order_release);
     }
     // The routes' end had the tracker inspect the graphs; every capture that
     // ended is recorded by check() at the latest.

@@ -17,11 +17,9 @@ namespace {
 std::vector<const RecordedWrite*> victim_accesses(const IndexedRecord& record,
                                                   const BlockRef& victim, MemorySpan range) {
   std::vector<const RecordedWrite*> out;
-  if (auto it = record.by_writer.find(victim.sequence); it != record.by_writer.end()) {
-    for (std::size_t i : it->second) {
-      const RecordedWrite& a = record.record.writes[i];
-      if (a.span.overlaps(range)) out.push_back(&a);
-    }
+  for (std::size_t i : record.accesses_through(victim.sequence)) {
+    const RecordedWrite& a = record.record.writes[i];
+    if (a.span.overlaps(range)) out.push_back(&a);
   }
   return out;
 }
@@ -40,18 +38,29 @@ bool writes_whole(const RecordedWrite& a, bool optimistic) {
   return a.mode == AccessMode::kWrite || (optimistic && a.mode == AccessMode::kTouch);
 }
 
-std::vector<MemorySpan> left_clobbered(const IndexedRecord& record, const BlockRef& victim,
+// `own`: the victim's accesses in `record` overlapping `range`
+// (victim_accesses).
+std::vector<MemorySpan> left_clobbered(const IndexedRecord& record,
+                                       const std::vector<const RecordedWrite*>& own,
                                        MemorySpan range, std::size_t clobber,
                                        bool optimistic) {
+  // Nothing through the victim there: the whole range stays clobbered.
+  if (own.empty()) return {range};
   const GraphOrder& order = record.order;
-  const std::vector<const RecordedWrite*> own = victim_accesses(record, victim, range);
   std::vector<MemorySpan> restored;
+  bool restored_whole = false;  // one restoring write covers the range (common: the
+                                // victim's own output write after a transient's)
   for (const RecordedWrite* a : own) {
     if (writes_whole(*a, optimistic) && order.before(clobber, a->position)) {
+      if (a->span.begin() <= range.begin() && a->span.end() >= range.end()) {
+        restored_whole = true;
+        break;
+      }
       restored.push_back(a->span);
     }
   }
-  std::vector<MemorySpan> harmed = subtract(range, restored);
+  std::vector<MemorySpan> harmed;
+  if (!restored_whole) harmed = subtract(range, std::move(restored));
   for (const RecordedWrite* a : own) {
     if (writes_whole(*a, optimistic) || a->position == clobber ||
         order.before(a->position, clobber)) {
@@ -116,6 +125,20 @@ std::vector<MemorySpan> read_from_outside(const IndexedRecord& record, MemorySpa
   return merged(std::move(stale));
 }
 
+// True when a whole write (mode kWrite) through the block `read` goes
+// through, ordered before it, covers `range`.
+bool covered_before(const IndexedRecord& record, const RecordedWrite& read, MemorySpan range) {
+  if (read.writer.sequence == 0) return false;
+  for (std::size_t i : record.accesses_through(read.writer.sequence)) {
+    const RecordedWrite& w = record.record.writes[i];
+    if (w.mode == AccessMode::kWrite && w.span.begin() <= range.begin() &&
+        w.span.end() >= range.end() && record.order.before(w.position, read.position)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string describe_path(const std::vector<std::size_t>& path) {
   std::vector<std::string> steps;
   for (std::size_t p : path) steps.push_back(absl::StrCat("node ", p));
@@ -132,11 +155,25 @@ std::string name_of(const BlockRef& b) {
 IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
     : record(std::move(r)), order(std::move(o)) {
   record.order_from_edges = order.from_edges();
-  by_begin_.reserve(record.writes.size());
-  for (std::size_t i = 0; i < record.writes.size(); ++i) {
-    by_writer[record.writes[i].writer.sequence].push_back(i);
+  const std::size_t n = record.writes.size();
+  by_begin_.reserve(n);
+  // Group sizes first, then each group's place, then the groups filled in
+  // capture order.
+  writer_groups_.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ++writer_groups_[record.writes[i].writer.sequence].second;
     by_begin_.push_back(i);
     longest_ = std::max(longest_, record.writes[i].span.bytes);
+  }
+  std::size_t next = 0;
+  for (auto& [sequence, group] : writer_groups_) {
+    group.first = next;
+    next += group.second;
+    group.second = group.first;  // filled up to here
+  }
+  by_writer_.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    by_writer_[writer_groups_[record.writes[i].writer.sequence].second++] = i;
   }
   std::sort(by_begin_.begin(), by_begin_.end(), [&](std::size_t a, std::size_t b) {
     return record.writes[a].span.begin() < record.writes[b].span.begin();
@@ -144,7 +181,9 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
   // A block born in this capture holds nothing defined until the graph first
   // uses it: its first touches (none of its accesses ordered before them)
   // are taken to write it.
-  for (const auto& [sequence, accesses] : by_writer) {
+  for (const auto& [sequence, group] : writer_groups_) {
+    const absl::Span<const std::size_t> accesses(by_writer_.data() + group.first,
+                                                 group.second - group.first);
     if (sequence == 0 || record.writes[accesses.front()].writer.capture != record.capture) {
       continue;
     }
@@ -156,6 +195,12 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
       });
     }
   }
+}
+
+absl::Span<const std::size_t> IndexedRecord::accesses_through(std::uint64_t sequence) const {
+  auto it = writer_groups_.find(sequence);
+  if (it == writer_groups_.end()) return {};
+  return {by_writer_.data() + it->second.first, it->second.second - it->second.first};
 }
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
@@ -175,10 +220,30 @@ std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) cons
 void WriteIndex::add(const IndexedRecord& r) {
   DeviceWrites& d = devices_[r.record.device];
   for (std::size_t i = 0; i < r.record.writes.size(); ++i) {
-    const MemorySpan& s = r.record.writes[i].span;
+    const RecordedWrite& w = r.record.writes[i];
+    const MemorySpan& s = w.span;
     d.by_begin.emplace(s.begin(), Entry{r.record.graph, i, s.end()});
     d.longest = std::max(d.longest, s.bytes);
+    if (index_writers_ && w.writer.sequence != 0) {
+      by_writer_[w.writer.sequence].push_back({s.begin(), added_, r.record.graph, i});
+    }
+    ++added_;
   }
+}
+
+std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
+    std::uint64_t sequence) const {
+  std::vector<std::pair<GraphHandle, std::size_t>> out;
+  auto it = by_writer_.find(sequence);
+  if (it == by_writer_.end()) return out;
+  std::vector<ThroughEntry> entries(it->second.begin(), it->second.end());
+  visited_ += entries.size();
+  std::sort(entries.begin(), entries.end(), [](const ThroughEntry& a, const ThroughEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.added < b.added;
+  });
+  out.reserve(entries.size());
+  for (const ThroughEntry& e : entries) out.emplace_back(e.graph, e.write);
+  return out;
 }
 
 void WriteIndex::remove(const IndexedRecord& r) {
@@ -186,6 +251,14 @@ void WriteIndex::remove(const IndexedRecord& r) {
   if (d == devices_.end()) return;
   auto& by_begin = d->second.by_begin;
   for (const RecordedWrite& w : r.record.writes) {
+    if (auto t = by_writer_.find(w.writer.sequence);
+        index_writers_ && w.writer.sequence != 0 && t != by_writer_.end()) {
+      auto& entries = t->second;
+      entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                   [&](const ThroughEntry& e) { return e.graph == r.record.graph; }),
+                    entries.end());
+      if (entries.empty()) by_writer_.erase(t);
+    }
     // A btree erase invalidates every other iterator: compare keys, not an
     // end iterator taken before the erase.
     for (auto it = by_begin.lower_bound(w.span.begin());
@@ -204,6 +277,7 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int dev
       span.begin() > d->second.longest ? span.begin() - d->second.longest : 0;
   for (auto it = d->second.by_begin.lower_bound(from);
        it != d->second.by_begin.end() && it->first < span.end(); ++it) {
+    ++visited_;
     if (it->second.end > span.begin()) out.emplace_back(it->second.graph, it->second.write);
   }
   return out;
@@ -518,6 +592,14 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
   // in capture order (the data a capture-order replay leaves behind); its ranges are the
   // exact bytes left clobbered (footprint: the whole overlap, an upper bound).
   Finding* f = nullptr;
+  // The access that names the finding, and the bytes it left clobbered: its
+  // order evidence is described once, after the loop (only the last named
+  // access's description would stand).
+  std::size_t named_position = 0;
+  std::vector<MemorySpan> named_left;
+  // The victim's own accesses (per candidate: those overlapping its bytes).
+  const absl::Span<const std::size_t> through = r.accesses_through(victim.sequence);
+  std::vector<const RecordedWrite*> own;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
     if (w.mode == AccessMode::kRead) continue;  // reads never clobber
@@ -525,32 +607,51 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     const MemorySpan overlap = intersect(w.span, victim.span());
     if (overlap.bytes == 0) continue;
     const bool footprint = w.evidence == WriteEvidence::kFootprint;
-    const std::vector<MemorySpan> left =
+    own.clear();
+    if (!footprint) {
+      for (std::size_t k : through) {
+        const RecordedWrite& a = r.record.writes[k];
+        if (a.span.overlaps(overlap)) own.push_back(&a);
+      }
+    }
+    std::vector<MemorySpan> left =
         footprint ? std::vector<MemorySpan>{overlap}
-                  : left_clobbered(r, victim, overlap, w.position, /*optimistic=*/false);
+                  : left_clobbered(r, own, overlap, w.position, /*optimistic=*/false);
     if (left.empty()) continue;
     // Whether only a mode the evidence does not give makes this harm: the
-    // clobbering access is a touch, or inferred writes would undo it.
+    // clobbering access is a touch, or inferred writes would undo it. The
+    // optimistic reading differs from the one above only through the
+    // victim's touches: without any, it leaves the same (non-empty) bytes.
+    const bool own_touches = std::any_of(own.begin(), own.end(), [](const RecordedWrite* a) {
+      return a->mode == AccessMode::kTouch;
+    });
     const bool unknown =
         !footprint && (w.mode == AccessMode::kTouch ||
-                       left_clobbered(r, victim, overlap, w.position, true).empty());
+                       (own_touches &&
+                        left_clobbered(r, own, overlap, w.position, true).empty()));
     Finding& g = add_to_finding(f, r, victim, Harm::kClobber, left, out);
     g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || w.position >= g.write_position) {
       name_access(g, w);
-      describe_clobber_order(g, r, victim, w.position, left);
+      named_position = w.position;
+      named_left = std::move(left);
     }
     // Footprint and touches give whole blocks: upper bounds, labelled so.
     g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint &&
                      w.mode != AccessMode::kTouch;
   }
+  if (f != nullptr) describe_clobber_order(*f, r, victim, named_position, named_left);
 }
 
 void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
                       const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
   // One finding per (graph, victim), named after the first stale read in
-  // capture order; its ranges are the bytes read from the victim.
+  // capture order; its ranges are the bytes read from the victim. Its order
+  // evidence is described once, for the access that names it.
   Finding* f = nullptr;
+  std::size_t named_position = 0;
+  std::vector<MemorySpan> named_stale;
+  const bool victim_untouched = victim.sequence == 0 || r.accesses_through(victim.sequence).empty();
   for (std::size_t i : candidates) {
     const RecordedWrite& a = r.record.writes[i];
     if (a.mode == AccessMode::kWrite) continue;  // reads, updates and state read first
@@ -568,6 +669,11 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     // Bytes the graph wrote earlier in this replay, through any block, are
     // its own data, not the victim's.
     const bool footprint = a.evidence == WriteEvidence::kFootprint;
+    // The common case, answered from the reading block's own accesses: a
+    // whole write through it, ordered before the read, covers the bytes,
+    // and the graph has no access through the victim (which alone could put
+    // the victim's data back): read_from_outside would find nothing stale.
+    if (!footprint && victim_untouched && covered_before(r, a, overlap)) continue;
     const std::vector<MemorySpan> stale =
         footprint ? std::vector<MemorySpan>{overlap}
                   : read_from_outside(r, overlap, a.position, victim.sequence,
@@ -581,11 +687,13 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || a.position < g.write_position) {
       name_access(g, a);
-      describe_stale_order(g, r, a.position, stale);
+      named_position = a.position;
+      named_stale = stale;
     }
     g.ranges_exact = g.ranges_exact && a.evidence != WriteEvidence::kFootprint &&
                      a.mode != AccessMode::kTouch;
   }
+  if (f != nullptr) describe_stale_order(*f, r, named_position, named_stale);
 }
 
 }  // namespace capalloc::detail

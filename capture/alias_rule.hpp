@@ -19,6 +19,8 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "capalloc/capture.hpp"
 #include "capture/graph_order.hpp"
 
@@ -29,26 +31,53 @@ namespace capalloc::detail {
 struct IndexedRecord {
   WriteRecord record;
   GraphOrder order;
-  absl::flat_hash_map<std::uint64_t, std::vector<std::size_t>> by_writer;
 
   IndexedRecord(WriteRecord r, GraphOrder order);
   // Indices of the writes overlapping `span`. O(log writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+  // Indices of the accesses made through block `sequence`, in capture order.
+  absl::Span<const std::size_t> accesses_through(std::uint64_t sequence) const;
 
  private:
   std::vector<std::size_t> by_begin_;  // write indices sorted by start address
   std::size_t longest_ = 0;
+  // Write indices grouped by the block written through (capture order within
+  // a group), and each block's group as [first, last) in it: one array for
+  // the record rather than a vector per block.
+  std::vector<std::size_t> by_writer_;
+  absl::flat_hash_map<std::uint64_t, std::pair<std::size_t, std::size_t>> writer_groups_;
 };
 
 // Every graph's writes by address, per device.
 class WriteIndex {
  public:
+  // `by_writer`: also index accesses by the block they go through (for
+  // `through`); an index asked only by address skips that cost.
+  explicit WriteIndex(bool by_writer = true) : index_writers_(by_writer) {}
   void add(const IndexedRecord& record);
   void remove(const IndexedRecord& record);
   // (graph, write index) of every write overlapping `span` on `device`.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
+  // (graph, write index) of every access made through block `sequence`, in
+  // the order `overlapping` would list them (by start address, then as
+  // added). O(those accesses), however many other writes share its bytes.
+  std::vector<std::pair<GraphHandle, std::size_t>> through(std::uint64_t sequence) const;
+  // Entries scanned by `overlapping` and `through` so far (the tracker's
+  // work counter).
+  std::uint64_t visited() const { return visited_; }
 
  private:
+  struct ThroughEntry {
+    std::uintptr_t begin;
+    std::uint64_t added;  // order of addition, for ties on `begin`
+    GraphHandle graph;
+    std::size_t write;
+  };
+  bool index_writers_ = true;
+  mutable std::uint64_t visited_ = 0;
+  std::uint64_t added_ = 0;
+  // Most blocks are accessed by one graph: one entry inline, no allocation.
+  absl::flat_hash_map<std::uint64_t, absl::InlinedVector<ThroughEntry, 1>> by_writer_;
   struct Entry {
     GraphHandle graph;
     std::size_t write;

@@ -20,58 +20,72 @@ void BlockHistory::AddressIndex::remove(std::uintptr_t begin, std::size_t index)
 }
 
 template <typename F>
-void BlockHistory::AddressIndex::for_overlapping(MemorySpan span, F&& visit) const {
-  if (span.bytes == 0) return;
+void BlockHistory::AddressIndex::for_overlapping(MemorySpan span, std::uint64_t& visited,
+                                                  F&& visit) const {
+  if (span.bytes == 0 || by_begin.empty()) return;
   const std::uintptr_t from = span.begin() > longest ? span.begin() - longest : 0;
   for (auto it = by_begin.lower_bound(from); it != by_begin.end() && it->first < span.end(); ++it) {
+    ++visited;
     visit(it->second);
   }
 }
 
-Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick) {
-  if (auto it = by_sequence_.find(block.sequence); it != by_sequence_.end()) {
-    return occupants_[it->second];
-  }
-  const std::size_t index = occupants_.size();
-  occupants_.push_back(Occupant{block, alloc_tick});
-  by_sequence_.emplace(block.sequence, index);
-  device_of_.emplace(block.sequence, device);
+Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick,
+                            bool freed_next) {
+  return occupants_[note_index(device, block, alloc_tick, freed_next)];
+}
+
+std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
+                                     bool freed_next) {
+  const auto [it, inserted] = by_sequence_.try_emplace(block.sequence, occupants_.size());
+  if (!inserted) return it->second;
+  const std::size_t index = it->second;
+  Occupant& o = occupants_.emplace_back();
+  o.block = block;
+  o.alloc_tick = alloc_tick;
+  o.device = device;
   DeviceIndex& d = devices_[device];
   d.all.add(block.span().begin(), block.size, index);
-  d.live.add(block.span().begin(), block.size, index);
-  if (block.capture == 0) d.live_outside.add(block.span().begin(), block.size, index);
-  return occupants_[index];
+  if (!freed_next) {
+    o.live_indexed = true;
+    d.live.add(block.span().begin(), block.size, index);
+    if (block.capture == 0) d.live_outside.add(block.span().begin(), block.size, index);
+  }
+  return index;
 }
 
 void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_tick,
                          CaptureId capture, std::size_t position) {
-  note(device, block, 0);
-  const std::size_t index = by_sequence_.at(block.sequence);
+  const std::size_t index = note_index(device, block, 0, /*freed_next=*/false);
   Occupant& o = occupants_[index];
   if (!o.live()) return;  // already recorded
   o.free_tick = free_tick;
   o.freed_in_capture = capture;
   o.freed_at = position;
   DeviceIndex& d = devices_[device];
-  d.live.remove(block.span().begin(), index);
-  if (block.capture == 0) d.live_outside.remove(block.span().begin(), index);
+  if (o.live_indexed) {
+    o.live_indexed = false;
+    d.live.remove(block.span().begin(), index);
+    if (block.capture == 0) d.live_outside.remove(block.span().begin(), index);
+  }
   d.freed.push_back(index);
 }
 
 void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   // Frees keep their order: sort the freed ones by tick when re-listing.
   occupants_ = std::move(occupants);
+  visited_ += occupants_.size();
   by_sequence_.clear();
-  absl::flat_hash_map<std::uint64_t, int> device_of;
+  by_sequence_.reserve(occupants_.size());
   devices_.clear();
   std::vector<std::size_t> freed;
   for (std::size_t i = 0; i < occupants_.size(); ++i) {
-    const Occupant& o = occupants_[i];
-    const int device = device_of_.at(o.block.sequence);
-    device_of.emplace(o.block.sequence, device);
+    Occupant& o = occupants_[i];
+    const int device = o.device;
     by_sequence_.emplace(o.block.sequence, i);
     DeviceIndex& d = devices_[device];
     d.all.add(o.block.span().begin(), o.block.size, i);
+    o.live_indexed = o.live();
     if (o.live()) {
       d.live.add(o.block.span().begin(), o.block.size, i);
       if (o.block.capture == 0) d.live_outside.add(o.block.span().begin(), o.block.size, i);
@@ -82,8 +96,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants) {
   std::sort(freed.begin(), freed.end(), [&](std::size_t a, std::size_t b) {
     return occupants_[a].free_tick < occupants_[b].free_tick;
   });
-  for (std::size_t i : freed) devices_[device_of.at(occupants_[i].block.sequence)].freed.push_back(i);
-  device_of_ = std::move(device_of);
+  for (std::size_t i : freed) devices_[occupants_[i].device].freed.push_back(i);
 }
 
 void BlockHistory::forget_live(int device, std::uint64_t sequence) {
@@ -94,6 +107,8 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
   // Tick 1 is before every capture's begin tick, and the occupant stays out
   // of the `freed` list, which is kept in tick order for recent frees.
   o.free_tick = 1;
+  if (!o.live_indexed) return;
+  o.live_indexed = false;
   devices_[device].live.remove(o.block.span().begin(), it->second);
   if (o.block.capture == 0) devices_[device].live_outside.remove(o.block.span().begin(), it->second);
 }
@@ -107,7 +122,7 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   std::vector<const Occupant*> out;
   auto d = devices_.find(device);
   if (d == devices_.end()) return out;
-  d->second.all.for_overlapping(span, [&](std::size_t i) {
+  d->second.all.for_overlapping(span, visited_, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
   std::sort(out.begin(), out.end(), [](const Occupant* a, const Occupant* b) {
@@ -116,11 +131,37 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   return out;
 }
 
+std::vector<const Occupant*> BlockHistory::chain(int device, MemorySpan span,
+                                                 std::uint64_t first, std::uint64_t last,
+                                                 std::size_t links) const {
+  std::vector<const Occupant*> out;
+  auto d = devices_.find(device);
+  if (d == devices_.end() || links == 0) return out;
+  d->second.all.for_overlapping(span, visited_, [&](std::size_t i) {
+    const Occupant& o = occupants_[i];
+    if (o.block.sequence >= first && o.block.sequence <= last && o.block.span().overlaps(span)) {
+      out.push_back(&o);
+    }
+  });
+  const auto by_sequence = [](const Occupant* a, const Occupant* b) {
+    return a->block.sequence < b->block.sequence;
+  };
+  if (out.size() > links) {
+    // The earliest to the front, the latest links - 1 to the back, in order.
+    std::iter_swap(out.begin(), std::min_element(out.begin(), out.end(), by_sequence));
+    const auto latest = out.end() - static_cast<std::ptrdiff_t>(links - 1);
+    std::nth_element(out.begin() + 1, latest, out.end(), by_sequence);
+    out.erase(out.begin() + 1, latest);
+  }
+  std::sort(out.begin(), out.end(), by_sequence);
+  return out;
+}
+
 void BlockHistory::live_overlapping(int device, MemorySpan span,
                                     std::vector<const Occupant*>& out) const {
   auto d = devices_.find(device);
   if (d == devices_.end()) return;
-  d->second.live.for_overlapping(span, [&](std::size_t i) {
+  d->second.live.for_overlapping(span, visited_, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
 }
@@ -129,7 +170,7 @@ void BlockHistory::live_outside_overlapping(int device, MemorySpan span,
                                             std::vector<const Occupant*>& out) const {
   auto d = devices_.find(device);
   if (d == devices_.end()) return;
-  d->second.live_outside.for_overlapping(span, [&](std::size_t i) {
+  d->second.live_outside.for_overlapping(span, visited_, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
 }
@@ -143,6 +184,7 @@ std::vector<const Occupant*> BlockHistory::freed_since(int device, std::uint64_t
   for (auto it = freed.rbegin(); it != freed.rend() && occupants_[*it].free_tick > tick; ++it) {
     out.push_back(&occupants_[*it]);
   }
+  visited_ += out.size();
   std::reverse(out.begin(), out.end());
   return out;
 }

@@ -31,6 +31,8 @@ struct Occupant {
   std::uint64_t free_tick = 0;   // 0: live (as far as the tracker knows)
   CaptureId freed_in_capture = 0;
   std::size_t freed_at = 0;
+  int device = 0;
+  bool live_indexed = false;  // in the live indexes (noted without freed_next)
 
   bool live() const { return free_tick == 0; }
   ChainLink link() const {
@@ -42,7 +44,11 @@ class BlockHistory {
  public:
   // Records an allocation at `alloc_tick` (0 for a block first met live,
   // allocated before the tracker looked). Idempotent per block.
-  Occupant& note(int device, const BlockRef& block, std::uint64_t alloc_tick);
+  // `freed_next`: the caller records the block's free next, before any
+  // query (an allocation and its free drained together), so the block
+  // skips the live indexes it would leave at once.
+  Occupant& note(int device, const BlockRef& block, std::uint64_t alloc_tick,
+                 bool freed_next = false);
   // Records a free; a block never noted is noted first.
   void freed(int device, const BlockRef& block, std::uint64_t free_tick, CaptureId capture,
              std::size_t position);
@@ -51,6 +57,13 @@ class BlockHistory {
   // Every occupant of `device` whose range ever overlapped `span`, in
   // allocation order (for reuse chains: the whole history of the range).
   std::vector<const Occupant*> overlapping(int device, MemorySpan span) const;
+  // The reuse chain of `span` from block `first` to block `last` (by
+  // sequence): the occupants overlapping it with a sequence in that range,
+  // in allocation order, at most `links` of them: beyond that the first one
+  // and the latest `links` - 1. O(occupants overlapping `span`): only those
+  // in the range are ordered, and only the kept ones sorted.
+  std::vector<const Occupant*> chain(int device, MemorySpan span, std::uint64_t first,
+                                     std::uint64_t last, std::size_t links) const;
   // Appends the live occupants overlapping `span` to `out`. Unordered.
   void live_overlapping(int device, MemorySpan span, std::vector<const Occupant*>& out) const;
   // Likewise, only those allocated outside any capture: the only ones whose
@@ -77,6 +90,9 @@ class BlockHistory {
     return occupants_.size();
   }
   std::size_t size() const { return occupants_.size(); }
+  // Entries visited so far by queries, and occupants re-indexed by prunes
+  // (the tracker's work counter).
+  std::uint64_t visited() const { return visited_; }
 
  private:
   // Occupants by start address, with the longest length among them, so that
@@ -87,7 +103,7 @@ class BlockHistory {
     void add(std::uintptr_t begin, std::size_t size, std::size_t index);
     void remove(std::uintptr_t begin, std::size_t index);
     template <typename F>
-    void for_overlapping(MemorySpan span, F&& visit) const;
+    void for_overlapping(MemorySpan span, std::uint64_t& visited, F&& visit) const;
   };
   struct DeviceIndex {
     AddressIndex all;   // every occupant ever noted
@@ -96,11 +112,14 @@ class BlockHistory {
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
   void rebuild(std::deque<Occupant> occupants);
+  // note(), returning the occupant's index.
+  std::size_t note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
+                         bool freed_next);
 
+  mutable std::uint64_t visited_ = 0;
   std::deque<Occupant> occupants_;  // a deque: growing never moves an occupant
   absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
   absl::flat_hash_map<int, DeviceIndex> devices_;
-  absl::flat_hash_map<std::uint64_t, int> device_of_;  // sequence -> device
 };
 
 }  // namespace capalloc::detail

@@ -14,23 +14,32 @@ MemorySpan intersect(MemorySpan a, MemorySpan b) {
 }
 
 std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
-  std::sort(spans.begin(), spans.end(),
-            [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
-  std::vector<MemorySpan> out;
-  for (const MemorySpan& s : spans) {
+  // In place: sorted, then compacted over itself (no second vector).
+  if (spans.size() > 1) {
+    std::sort(spans.begin(), spans.end(),
+              [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
+  }
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    const MemorySpan s = spans[i];
     if (s.bytes == 0) continue;
-    if (!out.empty() && s.begin() <= out.back().end()) {
-      const std::uintptr_t end = std::max(out.back().end(), s.end());
-      out.back().bytes = end - out.back().begin();
+    if (kept != 0 && s.begin() <= spans[kept - 1].end()) {
+      const std::uintptr_t end = std::max(spans[kept - 1].end(), s.end());
+      spans[kept - 1].bytes = end - spans[kept - 1].begin();
     } else {
-      out.push_back(s);
+      spans[kept++] = s;
     }
   }
-  return out;
+  spans.resize(kept);
+  return spans;
 }
 
 std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
   std::vector<MemorySpan> out;
+  if (cover.empty()) {
+    if (range.bytes != 0) out.push_back(range);
+    return out;
+  }
   std::uintptr_t at = range.begin();
   for (const MemorySpan& c : merged(std::move(cover))) {
     if (c.end() <= at) continue;

@@ -66,7 +66,10 @@ CaptureTracker::~CaptureTracker() {
 Allocator& CaptureTracker::allocator() const { return *impl_->allocator; }
 TrackerWork CaptureTracker::work() const {
   std::lock_guard lock(impl_->mu);
-  return impl_->work;
+  TrackerWork work = impl_->work;
+  work.blocks += impl_->history.visited();
+  work.accesses += impl_->index.visited();
+  return work;
 }
 bool CaptureTracker::strict() const { return impl_->strict.load(); }
 void CaptureTracker::set_strict(bool strict) { impl_->strict = strict; }

@@ -10,16 +10,17 @@ namespace capalloc::detail {
 
 GraphOrder GraphOrder::capture_order() { return GraphOrder{}; }
 
-absl::StatusOr<GraphOrder> GraphOrder::from_edges(const GraphDependencies& dependencies) {
+absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies) {
   GraphOrder order;
   order.from_edges_ = true;
-  order.depends_on_ = dependencies.depends_on;
+  order.depends_on_ = std::move(dependencies.depends_on);
   const std::size_t n = order.depends_on_.size();
   // A topological order (Kahn), which also proves there is no cycle. The
   // runtimes list nodes in creation order, which is one already; this does
-  // not rely on it.
+  // not rely on it. Dependents are kept in one array (node d's at
+  // [first[d], first[d + 1])), not a vector per node.
   std::vector<std::size_t> waiting(n, 0);
-  std::vector<std::vector<std::size_t>> dependents(n);
+  std::vector<std::size_t> first(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t d : order.depends_on_[i]) {
       if (d >= n || d == i) {
@@ -28,7 +29,15 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(const GraphDependencies& depen
             d == i ? "itself" : absl::StrFormat("not in the graph (%d nodes)", n)));
       }
       ++waiting[i];
-      dependents[d].push_back(i);
+      ++first[d + 1];
+    }
+  }
+  for (std::size_t d = 0; d < n; ++d) first[d + 1] += first[d];
+  std::vector<std::size_t> dependents(first[n]);
+  {
+    std::vector<std::size_t> fill(first.begin(), first.end() - 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t d : order.depends_on_[i]) dependents[fill[d]++] = i;
     }
   }
   std::vector<std::size_t> topological;
@@ -37,8 +46,9 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(const GraphDependencies& depen
     if (waiting[i] == 0) topological.push_back(i);
   }
   for (std::size_t next = 0; next < topological.size(); ++next) {
-    for (std::size_t d : dependents[topological[next]]) {
-      if (--waiting[d] == 0) topological.push_back(d);
+    const std::size_t at = topological[next];
+    for (std::size_t k = first[at]; k < first[at + 1]; ++k) {
+      if (--waiting[dependents[k]] == 0) topological.push_back(dependents[k]);
     }
   }
   if (topological.size() != n) {

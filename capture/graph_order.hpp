@@ -31,10 +31,12 @@ class GraphOrder {
   static GraphOrder capture_order();
   // The order of the runtime's edges. Errors (kInvalidArgument): an edge to a
   // node that does not exist, a node depending on itself, or a cycle.
-  static absl::StatusOr<GraphOrder> from_edges(const GraphDependencies& dependencies);
+  static absl::StatusOr<GraphOrder> from_edges(GraphDependencies dependencies);
 
   // Whether the order comes from the graph's edges (else: capture order).
   bool from_edges() const { return from_edges_; }
+  // Nodes the edges name (0 for capture order).
+  std::size_t node_count() const { return depends_on_.size(); }
   // True when every replay runs node a before node b: a path of edges leads
   // from a to b. Never for a == b. Positions the edges do not name (beyond
   // the node count) fall back to capture order.

@@ -1,8 +1,11 @@
 // capture/snapshot.cpp: CaptureTracker::snapshot_json(), the state of the
 // allocator and the tracker as one JSON document (schema in
-// docs/snapshot.md): per device its stats and live blocks, every graph's
-// record in brief, and the current findings.
+// docs/snapshot.md): per device its stats, live blocks and pools (every
+// segment with every block tiling it), every graph's record with the ranges
+// its replays access, and the current findings. `capalloc report` draws it.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "capalloc/capture.hpp"
@@ -37,6 +40,85 @@ void write_stats(detail::JsonWriter& j, const AllocatorStats& s) {
   j.end_object();
 }
 
+const char* state_name(BlockState s) {
+  switch (s) {
+    case BlockState::kAllocated:
+      return "allocated";
+    case BlockState::kFree:
+      return "free";
+    case BlockState::kPendingFree:
+      return "pending_free";
+  }
+  return "allocated";
+}
+
+const char* lifetime_name(Lifetime l) {
+  return l == Lifetime::kPersistent ? "persistent" : "transient";
+}
+
+// Per pool (default first, then graph pools by handle) its segments in
+// address order, each with the blocks tiling it. Free blocks carry only
+// their extent and state: their tag and sequence are a former occupant's.
+void write_pools(detail::JsonWriter& j, const std::vector<SegmentInfo>& segments) {
+  std::vector<PoolHandle> pools;
+  for (const SegmentInfo& s : segments) {
+    if (std::find(pools.begin(), pools.end(), s.pool) == pools.end()) pools.push_back(s.pool);
+  }
+  std::sort(pools.begin(), pools.end());
+  j.key("pools").begin_array();
+  for (PoolHandle pool : pools) {
+    j.begin_object();
+    j.field("pool", pool);
+    j.field("kind", pool == kDefaultPool ? "default" : "graph");
+    j.key("segments").begin_array();
+    for (const SegmentInfo& s : segments) {
+      if (s.pool != pool) continue;
+      j.begin_object();
+      j.key("base").pointer(s.base);
+      j.field("size", static_cast<std::uint64_t>(s.size));
+      j.field("stream", static_cast<std::uint64_t>(s.stream));
+      j.key("blocks").begin_array();
+      for (const BlockInfo& b : s.blocks) {
+        j.begin_object();
+        j.key("ptr").pointer(b.ptr);
+        j.field("size", static_cast<std::uint64_t>(b.size));
+        j.field("state", state_name(b.state));
+        if (b.state != BlockState::kFree) {
+          j.field("requested", static_cast<std::uint64_t>(b.requested));
+          j.field("tag", b.tag);
+          j.field("lifetime", lifetime_name(b.lifetime));
+          j.field("sequence", b.sequence);
+          j.field("capture", b.capture);
+        }
+        j.end_object();
+      }
+      j.end_array();
+      j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+  }
+  j.end_array();
+}
+
+// The accesses of a graph's replays, as its write record holds them.
+void write_ranges(detail::JsonWriter& j, const WriteRecord& r) {
+  j.key("ranges").begin_array();
+  for (const RecordedWrite& w : r.writes) {
+    j.begin_object();
+    j.key("begin").pointer(w.span.ptr);
+    j.field("bytes", static_cast<std::uint64_t>(w.span.bytes));
+    j.field("mode", access_mode_name(w.mode));
+    j.field("inferred_write", w.inferred_write);
+    j.field("op", w.op);
+    j.field("position", static_cast<std::uint64_t>(w.position));
+    j.field("evidence", evidence_name(w.evidence));
+    j.field("through", w.writer.sequence);
+    j.end_object();
+  }
+  j.end_array();
+}
+
 }  // namespace
 
 std::string CaptureTracker::snapshot_json() {
@@ -46,7 +128,7 @@ std::string CaptureTracker::snapshot_json() {
   Allocator& a = *m.allocator;
   detail::JsonWriter j;
   j.begin_object();
-  j.field("schema", "capalloc.snapshot/3");
+  j.field("schema", "capalloc.snapshot/4");
   j.field("runtime", a.runtime().name());
   j.field("strict", strict());
   j.key("devices").begin_array();
@@ -66,13 +148,14 @@ std::string CaptureTracker::snapshot_json() {
       j.field("requested", static_cast<std::uint64_t>(b.requested));
       j.field("stream", static_cast<std::uint64_t>(b.stream));
       j.field("tag", b.tag);
-      j.field("lifetime", b.lifetime == Lifetime::kPersistent ? "persistent" : "transient");
+      j.field("lifetime", lifetime_name(b.lifetime));
       j.field("sequence", b.sequence);
       j.field("pool", b.pool);
       j.field("capture", b.capture);
       j.end_object();
     }
     j.end_array();
+    write_pools(j, a.segments(d));
     j.end_object();
   }
   j.end_array();
@@ -91,6 +174,7 @@ std::string CaptureTracker::snapshot_json() {
       j.field("order", r.order_from_edges ? "edges" : "capture_order");
       j.field("writes", static_cast<std::uint64_t>(r.writes.size()));
       j.field("discovered", (r.graph & detail::kDiscoveredGraph) != 0);
+      write_ranges(j, r);
       j.end_object();
     }
     j.end_array();

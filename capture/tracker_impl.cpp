@@ -139,10 +139,17 @@ void CaptureTracker::Impl::drain_log() {
     draining.swap(log);
     gone.swap(graphs_gone);
   }
+  work.blocks += draining.size();
+  // A block allocated and freed within the batch (a capture's transient)
+  // never enters the history's live indexes.
+  freed_in_batch.clear();
+  for (const detail::LoggedEvent& e : draining) {
+    if (e.event.kind == BlockEvent::Kind::kFree) freed_in_batch.insert(e.event.block.sequence);
+  }
   for (const detail::LoggedEvent& e : draining) {
     const BlockRef ref = BlockRef::from(e.event.block);
     if (e.event.kind == BlockEvent::Kind::kAllocate) {
-      history.note(e.event.block.device, ref, e.tick);
+      history.note(e.event.block.device, ref, e.tick, freed_in_batch.contains(ref.sequence));
       if (ref.capture != 0) {
         allocated_in[ref.capture].push_back(ref.sequence);
         note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
@@ -167,17 +174,20 @@ void CaptureTracker::Impl::drain_log() {
 std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
                                                          std::vector<MemorySpan> spans) {
   std::vector<BlockRef> out;
-  absl::flat_hash_set<std::uint64_t> live_now;
   for (const BlockInfo& info : allocator->live_blocks(device, spans)) {
     out.push_back(BlockRef::from(info));
-    live_now.insert(info.sequence);
     history.note(device, out.back(), 0);
   }
   std::vector<const detail::Occupant*> stale;
   for (const MemorySpan& span : spans) history.live_outside_overlapping(device, span, stale);
-  for (const detail::Occupant* o : stale) {
-    if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
+  if (!stale.empty()) {
+    absl::flat_hash_set<std::uint64_t> live_now;
+    for (const BlockRef& b : out) live_now.insert(b.sequence);
+    for (const detail::Occupant* o : stale) {
+      if (!live_now.contains(o->block.sequence)) history.forget_live(device, o->block.sequence);
+    }
   }
+  work.blocks += out.size();
   return out;
 }
 
@@ -187,8 +197,10 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
 // order. A range a shared pool has reused a thousand times keeps its ends
 // and the most recent steps.
 void CaptureTracker::Impl::complete_finding(Finding& f) const {
+  ++work.findings;
   std::vector<detail::VictimAccess> accesses;
-  const auto overlapping = index.overlapping(device_of(f), f.victim.span());
+  // Every graph's accesses through the victim (blocks are on one device).
+  const auto overlapping = index.through(f.victim.sequence);
   work.accesses += overlapping.size();
   for (auto [graph, i] : overlapping) {
     auto it = records.find(graph);
@@ -200,12 +212,9 @@ void CaptureTracker::Impl::complete_finding(Finding& f) const {
   }
   detail::classify(f, std::move(accesses));
   std::vector<ChainLink> links;
-  for (const detail::Occupant* o : history.overlapping(device_of(f), f.overlap)) {
-    const std::uint64_t seq = o->block.sequence;
-    if (seq >= f.writer.sequence && seq <= f.victim.sequence) links.push_back(o->link());
-  }
-  if (links.size() > kChainLinks) {
-    links.erase(links.begin() + 1, links.end() - static_cast<std::ptrdiff_t>(kChainLinks - 1));
+  for (const detail::Occupant* o : history.chain(device_of(f), f.overlap, f.writer.sequence,
+                                                 f.victim.sequence, kChainLinks)) {
+    links.push_back(o->link());
   }
   f.reuse_chain = std::move(links);
   f.fix = detail::fix_for(f);
@@ -247,6 +256,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
 
 // Keeps the findings not reported before, and remembers them.
 std::vector<Finding> CaptureTracker::Impl::only_new(std::vector<Finding> findings) {
+  work.findings += findings.size();
   std::vector<Finding> fresh;
   for (Finding& f : findings) {
     auto [it, inserted] = reported.try_emplace({f.graph, f.victim.sequence, f.harm}, f.severity);
@@ -272,7 +282,7 @@ absl::StatusOr<const detail::IndexedRecord*> CaptureTracker::Impl::record_of(
 detail::GraphOrder CaptureTracker::Impl::order_of(GraphHandle graph) const {
   auto dependencies = runtime->graph_dependencies(graph);
   if (!dependencies.ok()) return detail::GraphOrder::capture_order();
-  auto order = detail::GraphOrder::from_edges(*dependencies);
+  auto order = detail::GraphOrder::from_edges(*std::move(dependencies));
   if (order.ok()) return *std::move(order);
   detail::log().warn("graph {}: its edges cannot be used ({}); capture order stands in for them",
                      graph, std::string(order.status().message()));
@@ -289,18 +299,21 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   record.device = capture.device;
   record.pool = capture.pool;
   const detail::CaptureWindow window{capture.id, capture.device, capture.begin_tick};
-  const std::vector<std::uint64_t> allocated = allocated_in[capture.id];
-  allocated_in.erase(capture.id);
+  std::vector<std::uint64_t> allocated;
+  if (auto node = allocated_in.extract(capture.id)) allocated = std::move(node.mapped());
   if (writes.ok()) {
     // Note the live blocks the writes touch (allocated before the capture,
     // outside it) so each write can be tied to its block.
     std::vector<MemorySpan> spans;
     for (const GraphWrite& w : *writes) spans.push_back(w.span);
     live_victims(capture.device, std::move(spans));
-    detail::add_declared_writes(*writes, window, history, record);
+    work.nodes += writes->size();
+    detail::add_declared_writes(*writes, window, history, record, work.blocks);
   } else {
+    work.blocks += allocated.size();
     detail::add_footprint_writes(allocated, history, record);
   }
+  work.nodes += order.node_count();
   auto indexed = std::make_unique<IndexedRecord>(std::move(record), std::move(order));
   const IndexedRecord& r = *indexed;
   ++work.records;
@@ -428,7 +441,7 @@ void CaptureTracker::Impl::on_capture_pool_end(CaptureId capture) {
   }
   detail::GraphOrder order = detail::GraphOrder::capture_order();
   if (auto deps = rt.captured_graph_dependencies(it->second.graph); deps.ok()) {
-    if (auto from_edges = detail::GraphOrder::from_edges(*deps); from_edges.ok()) {
+    if (auto from_edges = detail::GraphOrder::from_edges(*std::move(deps)); from_edges.ok()) {
       order = *std::move(from_edges);
     }
   }

@@ -24,50 +24,87 @@ bool occupied_at(const Occupant& o, const CaptureWindow& window, std::size_t pos
 
 namespace {
 
-// Blocks freed since the capture began, by start address, for overlap
-// queries that cost O(log n + hits) per write instead of O(frees).
+// Blocks freed since the capture began, for the question "which of them
+// may hold memory at capture position p?". A capture reuses a few addresses
+// for all its transients, so an address index would offer every transient
+// that ever sat on a write's bytes; instead, positions are swept forward:
+// each block becomes active at the first position it can occupy (its
+// allocation in this capture, else the capture's start) and leaves once
+// freed in the capture. Queries at non-decreasing positions cost O(active
+// blocks + activations); a position earlier than the last restarts the
+// sweep. The active set is a superset of the blocks occupied_at answers
+// true for; the caller still asks it.
 class FreedDuringCapture {
  public:
   FreedDuringCapture(const BlockHistory& history, const CaptureWindow& window)
-      : freed_(history.freed_since(window.device, window.begin_tick)) {
-    std::sort(freed_.begin(), freed_.end(), [](const Occupant* a, const Occupant* b) {
+      : window_(window), by_first_(history.freed_since(window.device, window.begin_tick)) {
+    std::stable_sort(by_first_.begin(), by_first_.end(),
+                     [&](const Occupant* a, const Occupant* b) { return first(*a) < first(*b); });
+  }
+  // Visits the active blocks at `position` overlapping `span`, by start
+  // address.
+  template <typename F>
+  void for_overlapping(MemorySpan span, std::size_t position, F&& visit) {
+    if (position < at_) {
+      next_ = 0;
+      active_.clear();
+    }
+    at_ = position;
+    while (next_ < by_first_.size() && first(*by_first_[next_]) <= position) {
+      active_.push_back(by_first_[next_++]);
+    }
+    std::erase_if(active_, [&](const Occupant* o) { return past(*o, position); });
+    hits_.clear();
+    for (const Occupant* o : active_) {
+      if (o->block.span().overlaps(span)) hits_.push_back(o);
+    }
+    std::sort(hits_.begin(), hits_.end(), [](const Occupant* a, const Occupant* b) {
       return a->block.span().begin() < b->block.span().begin();
     });
-    for (const Occupant* o : freed_) longest_ = std::max(longest_, o->block.size);
-  }
-  template <typename F>
-  void for_overlapping(MemorySpan span, F&& visit) const {
-    const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
-    auto it = std::lower_bound(freed_.begin(), freed_.end(), from,
-                               [](const Occupant* o, std::uintptr_t v) {
-                                 return o->block.span().begin() < v;
-                               });
-    for (; it != freed_.end() && (*it)->block.span().begin() < span.end(); ++it) {
-      if ((*it)->block.span().overlaps(span)) visit(*it);
-    }
+    for (const Occupant* o : hits_) visit(o);
   }
 
  private:
-  std::vector<const Occupant*> freed_;
-  std::size_t longest_ = 0;
+  std::size_t first(const Occupant& o) const {
+    return o.block.capture == window_.capture ? o.block.capture_position : 0;
+  }
+  bool past(const Occupant& o, std::size_t position) const {
+    return o.freed_in_capture == window_.capture && o.freed_at <= position;
+  }
+
+  CaptureWindow window_;
+  std::vector<const Occupant*> by_first_;
+  std::size_t next_ = 0;
+  std::size_t at_ = 0;
+  std::vector<const Occupant*> active_;
+  std::vector<const Occupant*> hits_;
 };
 
 }  // namespace
 
 void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWindow& window,
-                         const BlockHistory& history, WriteRecord& record) {
+                         const BlockHistory& history, WriteRecord& record,
+                         std::uint64_t& blocks_visited) {
   WriteEvidence weakest = WriteEvidence::kDeclared;
-  const FreedDuringCapture freed(history, window);
+  FreedDuringCapture freed(history, window);
   std::vector<const Occupant*> candidates;
   std::vector<MemorySpan> covered;
   record.writes.reserve(record.writes.size() + writes.size());
+  // Nodes of one kernel come in runs: intern its name once per run.
+  std::string_view op;
+  const std::string* op_of = nullptr;
   for (const GraphWrite& w : writes) {
     weakest = std::max(weakest, w.evidence);
-    const std::string_view op = intern(w.op);
+    if (op_of == nullptr || *op_of != w.op) {
+      op = intern(w.op);
+      op_of = &w.op;
+    }
     covered.clear();
     candidates.clear();
     history.live_overlapping(window.device, w.span, candidates);
-    freed.for_overlapping(w.span, [&](const Occupant* o) { candidates.push_back(o); });
+    freed.for_overlapping(w.span, w.position,
+                          [&](const Occupant* o) { candidates.push_back(o); });
+    blocks_visited += candidates.size();
     if (w.mode == AccessMode::kTouch) {
       // A pointer into a block touches that block, whole; one into no block
       // (or a block's end) touches nothing: it is not a pointer to memory.

@@ -30,9 +30,11 @@ struct CaptureWindow {
 bool occupied_at(const Occupant& o, const CaptureWindow& window, std::size_t position);
 
 // Ties each of `writes` to its block(s); `record` gets the writes and its
-// precision (the weakest evidence among them; kDeclared for none).
+// precision (the weakest evidence among them; kDeclared for none). Adds the
+// blocks it weighed (candidates for a write) to `blocks_visited`.
 void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWindow& window,
-                         const BlockHistory& history, WriteRecord& record);
+                         const BlockHistory& history, WriteRecord& record,
+                         std::uint64_t& blocks_visited);
 
 // One footprint write per block allocated during the capture.
 void add_footprint_writes(const std::vector<std::uint64_t>& allocated, const BlockHistory& history,

@@ -30,6 +30,9 @@ REQUIRED_PACKAGES=(
   python3-setuptools
   python3-wheel
   patchelf
+  # The visual report's test (tests/report_page_test.sh) renders the pages
+  # in headless Chromium (about 300 MB installed with its libraries).
+  chromium
   # `capalloc bench` (docs/performance.md): the host mallocs it replays
   # traces through (preloaded into its children), and callgrind for its
   # instruction counts (--callgrind, and its smoke test).

@@ -624,3 +624,69 @@ TEST_CASE("JSON output stays valid UTF-8 whatever bytes a tag holds", "[capture]
   CHECK(json.find("\xff") == std::string::npos);
   w.free(p);
 }
+
+TEST_CASE("the snapshot lists every segment with the blocks tiling it, and each graph's ranges",
+          "[capture][json][report]") {
+  // What `capalloc report` draws (docs/snapshot.md, version 4): seed 003's
+  // arm A, T freed in the capture and WS taking its address.
+  capalloc::testing::World w;
+  auto pool = w.alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  float* src = w.tensor(1024, kDefaultStream, "src");
+  float* ws = nullptr;
+  float* t = nullptr;
+  const CaptureResult g = w.capture(*pool, "A.g", [&] {
+    t = w.tensor(1024, w.side, "T");
+    w.launch(w.side, capalloc::testing::copy_kernel(t, src, 1024));
+    w.free(t);
+    ws = w.tensor(1024, w.side, "WS");
+  });
+  REQUIRE(t == ws);
+  const nlohmann::json snap = nlohmann::json::parse(w.tracker->snapshot_json());
+  CHECK(snap["schema"] == "capalloc.snapshot/4");
+  const nlohmann::json& pools = snap["devices"][0]["pools"];
+  REQUIRE(pools.size() == 2);
+  CHECK(pools[0]["kind"] == "default");
+  CHECK(pools[1]["kind"] == "graph");
+  CHECK(pools[1]["pool"] == *pool);
+  std::size_t allocated = 0;
+  std::size_t reserved = 0;
+  for (const auto& p : pools) {
+    for (const auto& segment : p["segments"]) {
+      // The blocks tile the segment: in address order, no gap, no overlap.
+      std::uint64_t at = std::stoull(segment["base"].get<std::string>(), nullptr, 16);
+      for (const auto& b : segment["blocks"]) {
+        CHECK(std::stoull(b["ptr"].get<std::string>(), nullptr, 16) == at);
+        at += b["size"].get<std::uint64_t>();
+        if (b["state"] == "allocated") {
+          ++allocated;
+          CHECK(b.contains("sequence"));
+        } else {
+          CHECK_FALSE(b.contains("sequence"));
+        }
+      }
+      CHECK(at == std::stoull(segment["base"].get<std::string>(), nullptr, 16) +
+                      segment["size"].get<std::uint64_t>());
+      reserved += segment["size"].get<std::size_t>();
+    }
+  }
+  CHECK(allocated == 2);  // src and WS
+  CHECK(static_cast<std::int64_t>(reserved) == w.reserved());
+  // The graph's ranges: it reads src and writes T's bytes (now WS's).
+  REQUIRE(snap["graphs"].size() == 1);
+  const nlohmann::json& ranges = snap["graphs"][0]["ranges"];
+  REQUIRE(ranges.size() == snap["graphs"][0]["writes"].get<std::size_t>());
+  bool wrote_t = false;
+  bool read_src = false;
+  for (const auto& r : ranges) {
+    const auto begin = std::stoull(r["begin"].get<std::string>(), nullptr, 16);
+    wrote_t = wrote_t || (r["mode"] == "write" && begin == reinterpret_cast<std::uintptr_t>(t) &&
+                          r["op"] == "copy" && r["through"] == w.seq(ws) - 1);
+    read_src = read_src || (r["mode"] == "read" && begin == reinterpret_cast<std::uintptr_t>(src));
+  }
+  CHECK(wrote_t);
+  CHECK(read_src);
+  CHECK(snap["findings"].size() == g.new_findings.size());
+  w.free(ws);
+  w.free(src);
+}

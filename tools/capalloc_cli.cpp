@@ -1,9 +1,11 @@
 // tools/capalloc_cli.cpp: the `capalloc` command-line tool.
 //
-//   capalloc arms [--arm A|B|C|D|all] [--json] [settings]
+//   capalloc arms [--arm A|B|C|D|all] [--json] [--report DIR] [settings]
 //       seed 003's four aliasing arms with capalloc as the allocator, and the fix
-//   capalloc gemm-scenario [--json] [settings]
+//   capalloc gemm-scenario [--json] [--report DIR] [settings]
 //       seed 003's wrong-GEMM scenario, status quo against capalloc
+//   capalloc report SNAPSHOT_OR_TRACE [SNAPSHOT_OR_TRACE] [-o report.html]
+//       one self-contained HTML page drawing the pools over time (docs/report.md)
 //   capalloc describe [settings]
 //       the allocator's self-description, after a small exercise
 //   capalloc stress [--ops N] [--seed S] [--threads T] [--json]
@@ -93,10 +95,11 @@ int main(int argc, char** argv) {
   add_gemm_scenario_command(app, run);
   add_describe_command(app, run);
   add_stress_command(app, run);
+  add_report_command(app, run);
   add_bench_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress or bench)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress, report or bench)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;

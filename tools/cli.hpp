@@ -19,6 +19,7 @@
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
+#include "tools/report/scenario_trace.hpp"
 
 namespace capalloc::cli {
 
@@ -74,6 +75,14 @@ void add_describe_command(CLI::App& app, Runner& run);
 void add_arms_command(CLI::App& app, Runner& run);
 void add_gemm_scenario_command(CLI::App& app, Runner& run);
 void add_stress_command(CLI::App& app, Runner& run);
+void add_report_command(CLI::App& app, Runner& run);
+
+// Writes DIR/NAME.trace.jsonl and DIR/NAME.snapshot.json (what `trace`
+// recorded) and DIR/NAME.html, the report drawn from both (creating DIR);
+// returns the HTML file's path. For `--report` of the scenario commands.
+absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const std::string& name,
+                                                  const std::string& title,
+                                                  const report::ScenarioTrace& trace);
 // `capalloc bench` and its hidden child, `capalloc bench-replay` (cli_bench.cpp).
 void add_bench_command(CLI::App& app, Runner& run);
 

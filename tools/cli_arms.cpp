@@ -113,6 +113,7 @@ std::string to_json(std::string_view runtime, bool strict, const std::vector<Arm
 struct ArmsFlags {
   std::string which = "all";
   bool json = false;
+  std::string report_dir;  // --report: one report per arm there
   std::unique_ptr<SettingsFlags> settings;
 };
 
@@ -137,11 +138,22 @@ int arms_command(const ArmsFlags& flags) {
   }
   std::vector<ArmResult> results;
   bool all_match = true;
+  std::vector<std::string> reports;
   for (char arm : arms) {
-    auto r = scenarios::run_arm(arm, *runtime, options);
+    report::ScenarioTrace trace(absl::StrFormat("capalloc arms --arm %c", arm));
+    scenarios::ArmsOptions arm_options = options;
+    if (!flags.report_dir.empty()) arm_options.recorder = &trace;
+    auto r = scenarios::run_arm(arm, *runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
+    if (!flags.report_dir.empty()) {
+      auto written = write_scenario_report(
+          flags.report_dir, absl::StrFormat("arm-%c", arm),
+          absl::StrFormat("seed 003, arm %c: %s (%s runtime)", arm, r->title, runtime_label), trace);
+      if (!written.ok()) return fail(written.status());
+      reports.push_back(*std::move(written));
+    }
     results.push_back(*std::move(r));
   }
   std::unique_ptr<FixResult> fix;
@@ -156,6 +168,7 @@ int arms_command(const ArmsFlags& flags) {
     std::printf("%s\n", to_json(runtime_label, strict, results, fix.get(), all_match).c_str());
   } else {
     std::printf("\nevery observation matches seed 003: %s\n", all_match ? "yes" : "NO");
+    for (const std::string& path : reports) std::printf("report: %s\n", path.c_str());
   }
   return all_match ? 0 : 1;
 }
@@ -170,6 +183,8 @@ void add_arms_command(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"A", "B", "C", "D", "all"}))
       ->capture_default_str();
   command->add_flag("--json", flags->json, "one JSON object instead of text");
+  command->add_option("--report", flags->report_dir,
+                      "write DIR/arm-X.html (with its trace and snapshot) per arm (docs/report.md)");
   flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
   command->callback([flags, &run] { run = [flags] { return arms_command(*flags); }; });
 }

@@ -98,6 +98,7 @@ std::string to_json(std::string_view runtime, bool strict, const std::vector<Gem
 
 struct GemmFlags {
   bool json = false;
+  std::string report_dir;  // --report: one report per arm there
   std::unique_ptr<SettingsFlags> settings;
 };
 
@@ -123,11 +124,27 @@ int gemm_scenario_command(const GemmFlags& flags) {
   }
   std::vector<GemmArmResult> arms;
   bool all_match = true;
+  std::vector<std::string> reports;
   for (bool status_quo : {true, false}) {
-    auto r = scenarios::run_gemm_arm(status_quo, *runtime, options);
+    const std::string name = status_quo ? "gemm-status_quo" : "gemm-capalloc";
+    report::ScenarioTrace trace("capalloc gemm-scenario (" + name + ")");
+    scenarios::GemmScenarioOptions arm_options = options;
+    if (!flags.report_dir.empty()) arm_options.recorder = &trace;
+    auto r = scenarios::run_gemm_arm(status_quo, *runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
+    if (!flags.report_dir.empty()) {
+      auto written = write_scenario_report(
+          flags.report_dir, name,
+          "seed 003, split-K GEMM scenario, " +
+              std::string(status_quo ? "status quo (stream-keyed buffers allocated in the capture)"
+                                     : "capalloc (device-keyed persistent buffers)") +
+              " (" + runtime_label + " runtime)",
+          trace);
+      if (!written.ok()) return fail(written.status());
+      reports.push_back(*std::move(written));
+    }
     arms.push_back(*std::move(r));
   }
   if (json) {
@@ -138,6 +155,7 @@ int gemm_scenario_command(const GemmFlags& flags) {
                 arms[0].graphs[0].wrong_outputs, arms[0].graphs[1].wrong_outputs,
                 arms[1].graphs[0].wrong_outputs, arms[1].graphs[1].wrong_outputs,
                 all_match ? "yes" : "NO");
+    for (const std::string& path : reports) std::printf("report: %s\n", path.c_str());
   }
   return all_match ? 0 : 1;
 }
@@ -150,6 +168,9 @@ void add_gemm_scenario_command(CLI::App& app, Runner& run) {
       "seed 003's wrong-GEMM scenario: a stream-keyed split-K cache against capalloc's");
   auto flags = std::make_shared<GemmFlags>();
   command->add_flag("--json", flags->json, "one JSON object instead of text");
+  command->add_option("--report", flags->report_dir,
+                      "write DIR/gemm-<arm>.html (with its trace and snapshot) per arm "
+                      "(docs/report.md)");
   flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
   command->callback([flags, &run] { run = [flags] { return gemm_scenario_command(*flags); }; });
 }

@@ -183,7 +183,12 @@ CAPALLOC_API const char* harm_name(Harm harm);
 struct TrackerWork {
   std::uint64_t records = 0;            // write records built
   std::uint64_t victims = 0;            // (record, live block) pairs the rule evaluated
-  std::uint64_t accesses = 0;           // recorded accesses those evaluations examined
+  std::uint64_t accesses = 0;           // recorded accesses those evaluations examined,
+                                        // and write-index entries scanned to find them
+  std::uint64_t nodes = 0;              // graph nodes: listed writes and ordered nodes
+  std::uint64_t blocks = 0;             // blocks: events noted, history entries scanned,
+                                        // live blocks looked up, occupants re-indexed
+  std::uint64_t findings = 0;           // findings the rule built or weighed for reporting
 };
 
 struct CAPALLOC_API TrackerOptions {

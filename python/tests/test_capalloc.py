@@ -262,7 +262,7 @@ class CallTest(unittest.TestCase):
     def test_snapshot_describes_devices_blocks_and_graphs(self):
         capalloc.preallocate(0, "py.snapshot", 4096)
         state = capalloc.snapshot()
-        self.assertEqual(state["schema"], "capalloc.snapshot/3")
+        self.assertEqual(state["schema"], "capalloc.snapshot/4")
         self.assertEqual(state["runtime"], "host")
         tags = [b["tag"] for d in state["devices"] for b in d["live_blocks"]]
         self.assertIn("py.snapshot", tags)

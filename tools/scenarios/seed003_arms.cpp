@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,7 @@ class ArmWorld {
     w->rt_ = std::move(rt);
     CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
     w->observer_ = options.observer;
+    w->recorder_ = options.recorder;
     w->observe(WorldPoint::kCreated);
     CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
                               CaptureTracker::create(*w->allocator_,
@@ -48,6 +50,7 @@ class ArmWorld {
   ~ArmWorld() {
     if (allocator_ == nullptr) return;
     observe(WorldPoint::kWorkDone);
+    if (recorder_ != nullptr && tracker_ != nullptr) recorder_->finished(*tracker_);
     // Work still queued (an arm that stopped early) must not outlive the
     // memory it touches.
     rt_->synchronize_stream(kDefaultStream).IgnoreError();
@@ -84,12 +87,19 @@ class ArmWorld {
     CAPALLOC_ASSIGN_OR_RETURN(void* p, allocator_->allocate(bytes, 0, stream,
                                                             {.lifetime = lifetime, .tag = tag}));
     blocks_.push_back(p);
+    record_step();
     return static_cast<float*>(p);
   }
   // del t
   absl::Status del(float* p) {
     blocks_.erase(std::find(blocks_.begin(), blocks_.end(), p));
-    return allocator_->deallocate(p);
+    absl::Status s = allocator_->deallocate(p);
+    record_step();
+    return s;
+  }
+  // After a step outside empty() and del() that may allocate (PersistentCache).
+  void record_step() {
+    if (recorder_ != nullptr) recorder_->step(*allocator_);
   }
   absl::Status launch(StreamHandle stream, KernelLaunch k) {
     return rt_->launch_kernel(stream, std::move(k));
@@ -113,12 +123,17 @@ class ArmWorld {
 
   absl::StatusOr<CaptureResult> capture(PoolHandle pool, std::string label,
                                         const std::function<absl::Status()>& body) {
-    CAPALLOC_RETURN_IF_ERROR(
-        tracker_->begin_capture(0, side_, {.pool = pool, .label = std::move(label)}).status());
+    CAPALLOC_ASSIGN_OR_RETURN(CaptureId id,
+                              tracker_->begin_capture(0, side_, {.pool = pool, .label = label}));
+    if (recorder_ != nullptr) recorder_->capture_begun(*allocator_, id, side_, pool, label);
     absl::Status inside = body();
     auto done = tracker_->end_capture(side_);
     CAPALLOC_RETURN_IF_ERROR(inside);
-    if (done.ok()) graphs_.push_back(done->graph);
+    if (done.ok()) {
+      graphs_.push_back(done->graph);
+      captures_.push_back({done->graph, id});
+      if (recorder_ != nullptr) recorder_->capture_ended(*allocator_, id, done->new_findings);
+    }
     return done;
   }
 
@@ -131,7 +146,11 @@ class ArmWorld {
     CAPALLOC_RETURN_IF_ERROR(rt_->synchronize_stream(kDefaultStream));
     for (int i = 0; i < times; ++i) {
       absl::Status s = tracker_->replay(graph, kDefaultStream);
-      if (absl::IsFailedPrecondition(s) && tracker_->strict()) {
+      const bool refused = absl::IsFailedPrecondition(s) && tracker_->strict();
+      if (recorder_ != nullptr && (s.ok() || refused)) {
+        recorder_->replayed(*allocator_, capture_of(graph), refused);
+      }
+      if (refused) {
         out.refused = true;
         out.refusal = std::string(s.message());
         break;
@@ -153,7 +172,15 @@ class ArmWorld {
   void observe(WorldPoint point) {
     if (observer_) observer_(point, *allocator_);
   }
+  CaptureId capture_of(GraphHandle graph) const {
+    for (const auto& [g, id] : captures_) {
+      if (g == graph) return id;
+    }
+    return 0;
+  }
   WorldObserver observer_;
+  ScenarioRecorder* recorder_ = nullptr;
+  std::vector<std::pair<GraphHandle, CaptureId>> captures_;
   std::shared_ptr<DeviceRuntime> rt_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<CaptureTracker> tracker_;
@@ -370,6 +397,7 @@ absl::StatusOr<ArmResult> run_arm(char arm, std::shared_ptr<DeviceRuntime> runti
 }
 
 absl::StatusOr<FixResult> run_fix(std::shared_ptr<DeviceRuntime> runtime, ArmsOptions options) {
+  options.recorder = nullptr;  // the fix's two worlds are not drawn
   FixResult r;
   {
     // Arm A with WS requested as persistent inside the capture: refused.

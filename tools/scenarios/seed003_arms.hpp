@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
+#include "tools/scenarios/scenario_recorder.hpp"
 #include "tools/scenarios/world_observer.hpp"
 
 namespace capalloc::scenarios {
@@ -31,6 +32,7 @@ struct ArmsOptions {
   bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
   AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
   WorldObserver observer = {};  // sees each arm's allocator (the fault-injection test)
+  ScenarioRecorder* recorder = nullptr;  // watches an arm's steps (run_arm; not run_fix)
 };
 
 struct ReplayOutcome {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -98,6 +99,7 @@ class GemmWorld {
     w->rt_ = std::move(rt);
     CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
     w->observer_ = options.observer;
+    w->recorder_ = options.recorder;
     w->observe(WorldPoint::kCreated);
     CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
                               CaptureTracker::create(*w->allocator_,
@@ -114,6 +116,7 @@ class GemmWorld {
   ~GemmWorld() {
     if (allocator_ == nullptr) return;
     observe(WorldPoint::kWorkDone);
+    if (recorder_ != nullptr && tracker_ != nullptr) recorder_->finished(*tracker_);
     rt_->synchronize_stream(kDefaultStream).IgnoreError();
     if (side_ != kDefaultStream) rt_->synchronize_stream(side_).IgnoreError();
     if (tracker_ != nullptr) {
@@ -136,11 +139,19 @@ class GemmWorld {
   absl::StatusOr<void*> alloc(std::size_t bytes, StreamHandle stream, std::string_view tag) {
     CAPALLOC_ASSIGN_OR_RETURN(void* p, allocator_->allocate(bytes, 0, stream, {.tag = tag}));
     blocks_.push_back(p);
+    record_step();
     return p;
   }
   absl::Status del(void* p) {
     blocks_.erase(std::find(blocks_.begin(), blocks_.end(), p));
-    return allocator_->deallocate(p);
+    absl::Status s = allocator_->deallocate(p);
+    record_step();
+    return s;
+  }
+  // After a step outside alloc() and del() that may allocate (the GEMM's
+  // PersistentCache).
+  void record_step() {
+    if (recorder_ != nullptr) recorder_->step(*allocator_);
   }
   // Host data into device memory, on the default stream.
   template <typename T>
@@ -160,16 +171,30 @@ class GemmWorld {
 
   absl::StatusOr<CaptureResult> capture(std::string label,
                                         const std::function<absl::Status()>& body) {
-    CAPALLOC_RETURN_IF_ERROR(
-        tracker_->begin_capture(0, side_, {.pool = pool_, .label = std::move(label)}).status());
+    CAPALLOC_ASSIGN_OR_RETURN(CaptureId id,
+                              tracker_->begin_capture(0, side_, {.pool = pool_, .label = label}));
+    if (recorder_ != nullptr) recorder_->capture_begun(*allocator_, id, side_, pool_, label);
     absl::Status inside = body();
     auto done = tracker_->end_capture(side_);
     CAPALLOC_RETURN_IF_ERROR(inside);
-    if (done.ok()) graphs_.push_back(done->graph);
+    if (done.ok()) {
+      graphs_.push_back(done->graph);
+      captures_.push_back({done->graph, id});
+      if (recorder_ != nullptr) recorder_->capture_ended(*allocator_, id, done->new_findings);
+    }
     return done;
   }
   absl::Status replay(GraphHandle g) {
-    CAPALLOC_RETURN_IF_ERROR(tracker_->replay(g, kDefaultStream));
+    absl::Status s = tracker_->replay(g, kDefaultStream);
+    const bool refused = absl::IsFailedPrecondition(s) && tracker_->strict();
+    if (recorder_ != nullptr && (s.ok() || refused)) {
+      CaptureId id = 0;
+      for (const auto& [graph, capture] : captures_) {
+        if (graph == g) id = capture;
+      }
+      recorder_->replayed(*allocator_, id, refused);
+    }
+    CAPALLOC_RETURN_IF_ERROR(s);
     return rt_->synchronize_stream(kDefaultStream);
   }
 
@@ -179,6 +204,8 @@ class GemmWorld {
     if (observer_) observer_(point, *allocator_);
   }
   WorldObserver observer_;
+  ScenarioRecorder* recorder_ = nullptr;
+  std::vector<std::pair<GraphHandle, CaptureId>> captures_;
   std::shared_ptr<DeviceRuntime> rt_;
   std::unique_ptr<Allocator> allocator_;
   std::unique_ptr<CaptureTracker> tracker_;
@@ -243,12 +270,15 @@ absl::StatusOr<GemmArmResult> run_gemm_arm(bool status_quo, std::shared_ptr<Devi
       CAPALLOC_ASSIGN_OR_RETURN(SplitKBuffers buffers, stream_keyed.get(stream));
       return launch_split_k_gemm(w.rt(), stream, p, buffers);
     }
-    return w.gemm().run(0, stream, p);
+    absl::Status s = w.gemm().run(0, stream, p);
+    w.record_step();
+    return s;
   };
   const std::size_t out_bytes = static_cast<std::size_t>(M) * N * sizeof(std::uint16_t);
 
   // Warm up on the compute stream; the fixed arm preallocates first.
   if (!status_quo) CAPALLOC_RETURN_IF_ERROR(w.gemm().preallocate_split_k(0));
+  w.record_step();
   CAPALLOC_ASSIGN_OR_RETURN(void* warm_out, w.alloc(out_bytes, kDefaultStream, "warmup.out"));
   CAPALLOC_RETURN_IF_ERROR(run(warm_out, kDefaultStream));
   CAPALLOC_RETURN_IF_ERROR(w.rt().synchronize_stream(kDefaultStream));

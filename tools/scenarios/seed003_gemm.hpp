@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
+#include "tools/scenarios/scenario_recorder.hpp"
 #include "tools/scenarios/world_observer.hpp"
 
 namespace capalloc::scenarios {
@@ -61,6 +62,7 @@ struct GemmScenarioOptions {
   bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
   AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
   WorldObserver observer = {};  // sees the arm's allocator (the fault-injection test)
+  ScenarioRecorder* recorder = nullptr;  // watches the arm's steps (`--report`)
 };
 
 // One arm: the status quo (stream-keyed buffers allocated in the capture) or

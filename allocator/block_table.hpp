@@ -1,0 +1,121 @@
+// allocator/block_table.hpp: the pointer table, every allocated block by its
+// address.
+//
+// Every allocation inserts one entry and every free finds and erases one, so
+// the table is on the hot path twice per pair. It is an open-addressing
+// table with linear probing, specialised for its keys: addresses are
+// non-zero multiples of the allocator's granularity (at least 256), so 0
+// marks an empty slot and a multiplicative hash of the address without its
+// low zero bits spreads them. Erase shifts later entries of the probe run
+// back (no tombstones), so lookups stay short however many frees happen.
+//
+// Cost: find, insert and erase each hash once and probe a few slots (the
+// load factor stays at most 1/2). No heap allocation except when the table
+// grows, which happens only while the live set reaches a new maximum; it
+// never shrinks. Not thread-safe: the Allocator's lock guards it.
+#ifndef CAPALLOC_ALLOCATOR_BLOCK_TABLE_HPP_
+#define CAPALLOC_ALLOCATOR_BLOCK_TABLE_HPP_
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "allocator/block.hpp"
+
+namespace capalloc::detail {
+
+class BlockTable {
+ public:
+  BlockTable() { rebuild(kInitialCapacity); }
+  BlockTable(const BlockTable&) = delete;
+  BlockTable& operator=(const BlockTable&) = delete;
+
+  std::size_t size() const { return size_; }
+
+  // The block at `addr`, or nullptr.
+  Block* find(std::uintptr_t addr) const {
+    for (std::size_t i = home(addr);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.addr == addr) return s.block;
+      if (s.addr == 0) return nullptr;
+    }
+  }
+
+  // Adds `block` under `addr`. Precondition: `addr` is non-zero and absent.
+  void insert(std::uintptr_t addr, Block* block) {
+    if ((size_ + 1) * 2 > mask_ + 1) rebuild((mask_ + 1) * 2);
+    place(addr, block);
+    ++size_;
+  }
+
+  // Removes `addr`; false if it was absent.
+  bool erase(std::uintptr_t addr) {
+    std::size_t i = home(addr);
+    for (;; i = (i + 1) & mask_) {
+      if (slots_[i].addr == addr) break;
+      if (slots_[i].addr == 0) return false;
+    }
+    // Backward-shift deletion: move up every later entry of the run whose
+    // home is not in (i, j], so that no probe run has a hole.
+    for (std::size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
+      if (slots_[j].addr == 0) break;
+      const std::size_t h = home(slots_[j].addr);
+      const bool stays = i <= j ? (i < h && h <= j) : (i < h || h <= j);
+      if (stays) continue;
+      slots_[i] = slots_[j];
+      i = j;
+    }
+    slots_[i] = Slot{};
+    --size_;
+    return true;
+  }
+
+  void clear() {
+    for (std::size_t i = 0; i <= mask_; ++i) slots_[i] = Slot{};
+    size_ = 0;
+  }
+
+  template <typename F>
+  void for_each(F&& visit) const {
+    for (std::size_t i = 0; i <= mask_; ++i) {
+      if (slots_[i].addr != 0) visit(slots_[i].addr, slots_[i].block);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::uintptr_t addr = 0;
+    Block* block = nullptr;
+  };
+  static constexpr std::size_t kInitialCapacity = 256;
+
+  std::size_t home(std::uintptr_t addr) const {
+    // Fibonacci hashing of the address without its (always zero) low bits.
+    return static_cast<std::size_t>(((addr >> 8) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void place(std::uintptr_t addr, Block* block) {
+    std::size_t i = home(addr);
+    while (slots_[i].addr != 0) i = (i + 1) & mask_;
+    slots_[i] = Slot{addr, block};
+  }
+  void rebuild(std::size_t capacity) {
+    std::unique_ptr<Slot[]> old = std::move(slots_);
+    const std::size_t old_capacity = old == nullptr ? 0 : mask_ + 1;
+    slots_ = std::make_unique<Slot[]>(capacity);
+    mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
+    for (std::size_t i = 0; i < old_capacity; ++i) {
+      if (old[i].addr != 0) place(old[i].addr, old[i].block);
+    }
+  }
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 64;
+  std::size_t size_ = 0;
+};
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_BLOCK_TABLE_HPP_

@@ -1,0 +1,113 @@
+// tools/report/report_data.cpp: see report_data.hpp.
+#include "tools/report/report_data.hpp"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
+
+namespace capalloc::report {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr absl::string_view kSnapshotSchema = "capalloc.snapshot/";
+constexpr char kTraceFormat[] = "capalloc.trace/1";
+
+absl::Status add_snapshot(Json document, const std::string& source, ReportData& data) {
+  if (!data.snapshot.is_null()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": a second snapshot; a report draws one snapshot (and one trace)"));
+  }
+  if (!document.contains("devices") || !document["devices"].is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": a snapshot without a `devices` array (docs/snapshot.md)"));
+  }
+  data.snapshot = std::move(document);
+  return absl::OkStatus();
+}
+
+absl::Status add_trace(const std::string& text, const std::string& source, ReportData& data) {
+  if (!data.trace_header.is_null()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": a second trace; a report draws one trace (and one snapshot)"));
+  }
+  Json header;
+  Json events = Json::array();
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    const absl::string_view content = absl::StripAsciiWhitespace(line);
+    if (content.empty() || content.front() == '#') continue;
+    Json object = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
+    if (object.is_discarded() || !object.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ":", line_number, ": not a JSON object (docs/trace.md)"));
+    }
+    if (header.is_null()) {
+      if (!object.contains("format") || object["format"] != kTraceFormat) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ":", line_number, ": the first object of a trace must be its header, ",
+            "{\"format\": \"", kTraceFormat, "\", ...} (docs/trace.md)"));
+      }
+      header = std::move(object);
+      continue;
+    }
+    if (!object.contains("op") || !object["op"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ":", line_number, ": an event without a string `op`"));
+    }
+    object["line"] = line_number;  // for the page's hover text
+    events.push_back(std::move(object));
+  }
+  if (header.is_null()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": an empty trace"));
+  }
+  data.trace_header = std::move(header);
+  data.events = std::move(events);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status add_report_input(const std::string& text, const std::string& source, ReportData& data) {
+  const absl::string_view content = absl::StripAsciiWhitespace(text);
+  if (content.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": empty"));
+  // A snapshot is one JSON object; a trace's first line is its header.
+  Json whole = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
+  if (!whole.is_discarded() && whole.is_object() && whole.contains("schema")) {
+    if (!whole["schema"].is_string() ||
+        !absl::StartsWith(whole["schema"].get<std::string>(), kSnapshotSchema)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": schema ", whole["schema"].dump(), " is not a capalloc snapshot"));
+    }
+    data.sources.push_back(source);
+    absl::Status s = add_snapshot(std::move(whole), source, data);
+    if (!s.ok()) data.sources.pop_back();
+    return s;
+  }
+  if (content.front() != '{') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": neither a capalloc snapshot (a JSON object with `schema`) nor a trace "
+                "(JSON Lines starting with a capalloc.trace/1 header)"));
+  }
+  absl::Status s = add_trace(text, source, data);
+  if (s.ok()) data.sources.push_back(source);
+  return s;
+}
+
+absl::Status add_report_file(const std::string& path, ReportData& data) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return add_report_input(text.str(), path, data);
+}
+
+}  // namespace capalloc::report
