@@ -35,6 +35,13 @@ REQUIRED_PACKAGES=(
   # The visual report's test (tests/report_page_test.sh) renders the pages
   # in headless Chromium (about 300 MB installed with its libraries).
   chromium
+  # `capalloc bench` (docs/performance.md): the host mallocs it replays
+  # traces through (preloaded into its children), and callgrind for its
+  # instruction counts (--callgrind, and its smoke test).
+  libjemalloc2
+  libmimalloc2.0
+  libtcmalloc-minimal4
+  valgrind
 )
 
 # GPU toolchains that Debian packages: HIP, so that the HIP kernels (and the

@@ -36,6 +36,8 @@ TEST_CASE("cli: --help on the program lists the commands", "[cli]") {
     CHECK_THAT(r.out, Contains("arms"));
     CHECK_THAT(r.out, Contains("gemm-scenario"));
     CHECK_THAT(r.out, Contains("describe"));
+    CHECK_THAT(r.out, Contains("bench"));
+    CHECK_THAT(r.out, !Contains("bench-replay"));  // the bench's child, not for users
   }
 }
 
@@ -50,6 +52,7 @@ TEST_CASE("cli: --help on every command lists its flags and their variables", "[
         "--log-level", "CAPALLOC_STRICT"}},
       {"describe", {"--runtime", "--round-granularity", "--log-level", "CAPALLOC_RUNTIME"}},
       {"stress", {"--ops", "--seed", "--threads", "--json", "--log-level"}},
+      {"bench", {"--json", "--repetitions", "--allocators", "--callgrind"}},
   };
   for (const auto& [command, flags] : commands) {
     INFO(command);
@@ -63,7 +66,7 @@ TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
   SECTION("no command") {
     const Run r = capalloc_cli({});
     CHECK_RUN(r, 2);
-    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe, stress or report) is required"));
+    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe, stress, report or bench) is required"));
   }
   SECTION("stress with no thread") {
     const Run r = capalloc_cli({"stress", "--ops", "10", "--threads", "0"});

@@ -10,6 +10,9 @@
 //       the allocator's self-description, after a small exercise
 //   capalloc stress [--ops N] [--seed S] [--threads T] [--json]
 //       the property driver: random operations, properties checked after each
+//   capalloc bench TRACE... [--json] [--repetitions N] [--allocators LIST] [--callgrind]
+//       trace replays through capalloc, a naive baseline and the host mallocs
+//       (docs/performance.md)
 //
 // Settings (tools/cli.hpp): --runtime, --round-granularity,
 // --capture-guard-scope, --strict[=0|1|possible], --log-level; each
@@ -93,9 +96,10 @@ int main(int argc, char** argv) {
   add_describe_command(app, run);
   add_stress_command(app, run);
   add_report_command(app, run);
+  add_bench_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress or report)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress, report or bench)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;

@@ -83,6 +83,8 @@ void add_report_command(CLI::App& app, Runner& run);
 absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const std::string& name,
                                                   const std::string& title,
                                                   const report::ScenarioTrace& trace);
+// `capalloc bench` and its hidden child, `capalloc bench-replay` (cli_bench.cpp).
+void add_bench_command(CLI::App& app, Runner& run);
 
 // " (strict mode)", " (strict mode, possible findings too)" or "": for the
 // scenarios' headers.

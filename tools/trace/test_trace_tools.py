@@ -1,0 +1,165 @@
+"""Tests of the trace tools (run: python3 -m unittest -v test_trace_tools, from
+tools/trace; CTest's trace_tools_test): the PyTorch snapshot converter on a
+synthetic snapshot with the structure of torch.cuda.memory._snapshot(), and
+the generators' determinism and validity."""
+
+import collections
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import gen_traces
+import torch_snapshot_to_trace as converter
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def event(action, addr, size, stream=0, **extra):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream}
+    e.update(extra)
+    return e
+
+
+def synthetic_snapshot():
+    """Two devices. Device 0's trace, as a ring buffer would keep it: it
+    begins with the free of a block allocated before it; a block on a side
+    stream used with record_stream (free_requested, later free_completed);
+    an older-style `free`; a free_completed with no request; segment events."""
+    frames = [{"filename": "model.py", "line": 12, "name": "forward"}]
+    device0 = [
+        event("free_requested", 0x7000, 512),  # allocated before the trace began
+        event("free_completed", 0x7000, 512),
+        event("segment_alloc", 0x1000, 2 << 20),
+        event("alloc", 0x1000, 1024, time_us=10, frames=frames),
+        event("alloc", 0x1400, 4096, stream=140212),
+        event("free_requested", 0x1400, 4096, stream=140212),
+        event("alloc", 0x2400, 256),
+        event("free_completed", 0x1400, 4096, stream=140212),
+        event("free", 0x1000, 1024),
+        event("alloc", 0x1000, 2048, stream=140212),  # the address again, a new block
+        event("free_completed", 0x2400, 256),  # no request was recorded
+        event("snapshot", 0, 0),
+        event("oom", 0, 1 << 40, device_free=0),
+    ]
+    device1 = [event("alloc", 0x9000, 64), event("free_requested", 0x9000, 64)]
+    return {"segments": [{"device": 0, "address": 0x1000, "total_size": 2 << 20, "stream": 0,
+                          "blocks": [{"size": 2048, "state": "active_allocated"}]}],
+            "device_traces": [device0, device1]}
+
+
+def read_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line and not line.startswith("#")]
+
+
+class SnapshotConverterTest(unittest.TestCase):
+    def convert(self, snapshot, **kwargs):
+        out = io.StringIO()
+        counts = converter.convert(converter.load_snapshot(pickle.dumps(snapshot)), out, **kwargs)
+        return out.getvalue(), counts
+
+    def test_events_become_trace_lines(self):
+        text, counts = self.convert(synthetic_snapshot(), tags=True)
+        lines = read_lines(text)
+        self.assertEqual(lines[0], {"format": "capalloc.trace/1",
+                                    "source": "torch-snapshot (device 0)", "devices": 1})
+        ops = [{k: v for k, v in line.items() if k != "t"} for line in lines[1:]]
+        self.assertEqual(ops, [
+            {"op": "alloc", "id": 1, "size": 1024, "stream": 0, "tag": "model.py:12:forward"},
+            {"op": "alloc", "id": 2, "size": 4096, "stream": 1},
+            {"op": "free", "id": 2},  # at free_requested, not at free_completed
+            {"op": "alloc", "id": 3, "size": 256, "stream": 0},
+            {"op": "free", "id": 1},
+            {"op": "alloc", "id": 4, "size": 2048, "stream": 1},
+            {"op": "free", "id": 3},  # free_completed with no request
+        ])
+        self.assertEqual(lines[1]["t"], 10000)
+        self.assertEqual(counts, {"alloc": 4, "free": 3, "dropped_free": 1, "ignored": 3})
+        self.assertIn("# converted: 4 allocs, 3 frees; 1 frees", text)
+
+    def test_other_device(self):
+        text, _ = self.convert(synthetic_snapshot(), device=1)
+        self.assertEqual(read_lines(text)[1:], [{"op": "alloc", "id": 1, "size": 64, "stream": 0},
+                                                {"op": "free", "id": 1}])
+        with self.assertRaisesRegex(ValueError, "device 2: the snapshot has traces for 2"):
+            self.convert(synthetic_snapshot(), device=2)
+
+    def test_not_a_snapshot(self):
+        with self.assertRaisesRegex(ValueError, "no 'device_traces'"):
+            self.convert({"segments": []})
+
+    def test_classes_are_refused(self):
+        data = pickle.dumps(collections.OrderedDict(device_traces=[]))
+        with self.assertRaisesRegex(pickle.UnpicklingError, "collections.OrderedDict"):
+            converter.load_snapshot(data)
+
+    def test_command_line(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "s.pickle")
+            with open(path, "wb") as f:
+                pickle.dump(synthetic_snapshot(), f)
+            out = os.path.join(tmp, "t.jsonl")
+            run = subprocess.run([sys.executable, os.path.join(HERE, "torch_snapshot_to_trace.py"),
+                                  path, "--out", out], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(out) as f:
+                self.assertEqual(len(read_lines(f.read())), 8)
+            with open(path, "wb") as f:
+                f.write(b"not a pickle")
+            run = subprocess.run([sys.executable, os.path.join(HERE, "torch_snapshot_to_trace.py"),
+                                  path], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 1)
+            self.assertIn("s.pickle", run.stderr)
+
+
+class GeneratorTest(unittest.TestCase):
+    def generate(self, name, seed=1, scale=0.01):
+        out = io.StringIO()
+        gen_traces.generate(name, out, seed, None, scale)
+        return out.getvalue()
+
+    def check_valid(self, text):
+        lines = read_lines(text)
+        self.assertEqual(lines[0]["format"], "capalloc.trace/1")
+        live, captures = set(), {}
+        for line in lines[1:]:
+            if line["op"] == "alloc":
+                self.assertNotIn(line["id"], live)
+                self.assertGreater(line["size"], 0)
+                live.add(line["id"])
+            elif line["op"] == "free":
+                live.remove(line["id"])
+            elif line["op"] == "capture_begin":
+                captures[line["capture"]] = line
+        self.assertEqual(live, set())  # the generators free everything at the end
+        return lines, captures
+
+    def test_deterministic_by_seed(self):
+        for name in sorted(gen_traces.GENERATORS):
+            with self.subTest(name=name):
+                self.assertEqual(self.generate(name), self.generate(name))
+        self.assertNotEqual(self.generate("churn", seed=1), self.generate("churn", seed=2))
+
+    def test_every_generator_writes_a_valid_trace(self):
+        for name in sorted(gen_traces.GENERATORS):
+            with self.subTest(name=name):
+                self.check_valid(self.generate(name))
+
+    def test_workload_shapes(self):
+        churn, _ = self.check_valid(self.generate("churn"))
+        self.assertTrue(all(512 <= l["size"] <= 65536 for l in churn[1:] if l["op"] == "alloc"))
+        mid, _ = self.check_valid(self.generate("midsize"))
+        self.assertTrue(all(64 << 10 <= l["size"] <= 45 << 20 for l in mid[1:] if l["op"] == "alloc"))
+        _, captures = self.check_valid(self.generate("capture"))
+        self.assertEqual(len(captures), 67)
+        self.assertEqual({c["pool"] for c in captures.values()}, {"decode_graphs"})
+        self.assertEqual([gen_traces.batch_cycle(s) for s in (0, 1, 31, 32, 33, 63, 64)],
+                         [1, 9, 249, 256, 248, 8, 1])
+
+
+if __name__ == "__main__":
+    unittest.main()
