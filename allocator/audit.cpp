@@ -137,11 +137,7 @@ std::string live_since_to_json(const LiveSince& live) {
 
 AllocationTagScope::AllocationTagScope(Allocator& allocator, std::string_view tag,
                                        std::string_view location) {
-  {
-    auto& m = detail::AllocatorAccess::impl(allocator);
-    std::lock_guard lock(m.mu);
-    m.observe().apply_tag_scopes = true;
-  }
+  detail::enable_tag_scopes(allocator);
   pushed_ = detail::push_tag_scope(tag, location).ok();
 }
 
@@ -205,6 +201,12 @@ void with_trace(const Allocator& a, Body&& body) {
 }
 
 }  // namespace
+
+void enable_tag_scopes(const Allocator& a) {
+  auto& m = AllocatorAccess::impl(a);
+  std::lock_guard lock(m.mu);
+  m.observe().apply_tag_scopes = true;
+}
 
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,
                          PoolHandle pool, int device, std::string_view label) {

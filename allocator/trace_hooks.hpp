@@ -18,6 +18,10 @@ struct AllocatorAccess {
   static Allocator::Impl& impl(const Allocator& a) { return *a.impl_; }
 };
 
+// Makes `a` apply the calling threads' tag scopes (allocation_sites.hpp)
+// from now on, as an AllocationTagScope does (the C ABI's capalloc_push_tag).
+void enable_tag_scopes(const Allocator& a);
+
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,
                          PoolHandle pool, int device, std::string_view label);
 void trace_capture_end(const Allocator& a, CaptureId capture);

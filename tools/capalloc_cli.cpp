@@ -8,6 +8,9 @@
 //       the allocator's self-description, after a small exercise
 //   capalloc stress [--ops N] [--seed S] [--threads T] [--json]
 //       the property driver: random operations, properties checked after each
+//   capalloc audit [--json] [--no-stacks] | --trace FILE [--since ID] [--json]
+//       the retention audit: seed 000's retained buffers named, or what a
+//       trace leaves live (tools/cli_audit.cpp)
 //
 // Settings (tools/cli.hpp): --runtime, --round-granularity,
 // --capture-guard-scope, --strict[=0|1|possible], --log-level; each
@@ -90,9 +93,10 @@ int main(int argc, char** argv) {
   add_gemm_scenario_command(app, run);
   add_describe_command(app, run);
   add_stress_command(app, run);
+  add_audit_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe or stress)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress or audit)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;

@@ -74,6 +74,7 @@ void add_describe_command(CLI::App& app, Runner& run);
 void add_arms_command(CLI::App& app, Runner& run);
 void add_gemm_scenario_command(CLI::App& app, Runner& run);
 void add_stress_command(CLI::App& app, Runner& run);
+void add_audit_command(CLI::App& app, Runner& run);
 
 // " (strict mode)", " (strict mode, possible findings too)" or "": for the
 // scenarios' headers.
