@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
+#include <string_view>
 #include <mutex>
 
 #include "absl/container/flat_hash_map.h"
@@ -82,8 +84,12 @@ std::uint32_t intern_site(SiteTable& t, std::uint32_t location_id, void* const* 
 // Frames of capalloc itself (and of the unwinder) are not where an
 // allocation was made.
 bool is_capalloc_frame(std::string_view name) {
-  return name.starts_with("capalloc::") || name.starts_with("capalloc_") ||
-         name.starts_with("absl::") || name.starts_with("0x");
+  for (std::string_view library :
+       {"capalloc::Allocator::", "capalloc::detail::", "capalloc::CaptureTracker::",
+        "capalloc::PersistentCache::", "capalloc_", "absl::", "0x"}) {
+    if (name.starts_with(library)) return true;
+  }
+  return false;
 }
 
 // The calling thread's scopes: plain data, constant-initialised, so that no

@@ -2,9 +2,9 @@
 // attribution and of the event trace, as instructions per allocate+free
 // pair, measured with callgrind (not a timer):
 //
-//   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p \
-//     --toggle-collect='capalloc_measured_pairs*' \
-//     build/tools/capalloc_bench_observer_cost MODE 100000
+//   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p
+//     --toggle-collect='capalloc_measured_pairs*'
+//     build/tools/capalloc_bench_observer_cost MODE 100000   (one command line)
 //   callgrind_annotate /tmp/cg.<pid> | head   # total Ir / 100000 = instructions per pair
 //
 // MODE: off (no observer: the default), scopes (a tag scope open, stacks
