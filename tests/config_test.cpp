@@ -321,6 +321,7 @@ TEST_CASE("config: the C ABI fails to start on any invalid variable, the same wa
       {"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"},
       {"CAPALLOC_STRICT", "yes"},
       {"CAPALLOC_LOG_LEVEL", "verbose"},
+      {"CAPALLOC_STACKS", "yes"},
   };
   for (const auto& [name, value] : bad) {
     INFO(name << "=" << value);

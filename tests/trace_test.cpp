@@ -147,6 +147,14 @@ TEST_CASE("trace: an unwritable path is refused and changes nothing; a second tr
   CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(bad.message()), Catch::Contains("/nonexistent-dir/trace.jsonl"));
   CHECK(alloc->trace_path().empty());
+  // A full disk: the trace says so when stopped; the allocator goes on.
+  REQUIRE_OK(alloc->start_trace("/dev/full"));
+  void* q = alloc->allocate(512).value();
+  REQUIRE_OK(alloc->deallocate(q));
+  const absl::Status full = alloc->stop_trace();
+  CHECK(full.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(std::string(full.message()), Catch::Contains("trace '/dev/full'"));
+  REQUIRE_OK(alloc->CheckInvariants());
 
   const std::string path = temp_path("trace_twice");
   auto other = Allocator::create(host_runtime()).value();

@@ -474,6 +474,13 @@ class RetentionAuditTest(unittest.TestCase):
         self.assertEqual(capalloc.live_since(cp)["blocks"], 0)
         with self.assertRaises(capalloc.CapallocError):
             capalloc._call("capalloc_pop_tag")  # no scope open: an error, not a crash
+        for _ in range(64):
+            capalloc._call("capalloc_push_tag", b"deep", None)
+        with self.assertRaises(capalloc.CapallocError) as raised:
+            capalloc._call("capalloc_push_tag", b"too deep", None)
+        self.assertIn("64 tag scopes", str(raised.exception))
+        for _ in range(64):
+            capalloc._call("capalloc_pop_tag")
         with self.assertRaises(TypeError):
             capalloc.tag(3)
 
