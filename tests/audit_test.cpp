@@ -158,7 +158,7 @@ struct Frame {
 
 }  // namespace
 
-TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer; live_since names "
+TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer and live_since names "
           "it with the tag and the Python call site of its tag scope",
           "[audit][seed002]") {
   auto alloc = Allocator::create(host_runtime()).value();
@@ -204,8 +204,8 @@ TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer; live
   CHECK(alloc->live_since(cp).blocks == 0);
 }
 
-TEST_CASE("audit: the latest checkpoint is remembered; live_since ignores freed and earlier "
-          "blocks",
+TEST_CASE("audit: the latest checkpoint is remembered, and live_since ignores freed and "
+          "earlier blocks",
           "[audit]") {
   auto alloc = Allocator::create(host_runtime()).value();
   AuditCheckpoint latest;

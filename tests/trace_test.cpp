@@ -139,8 +139,7 @@ TEST_CASE("trace: a traced run writes a trace the reader rules replay", "[trace]
   REQUIRE_OK(rt->destroy_stream(side));
 }
 
-TEST_CASE("trace: an unwritable path is refused and changes nothing; a second trace of the "
-          "same path gets a suffix",
+TEST_CASE("trace: an unwritable path and a full disk are errors, and a second trace of one path gets a suffix",
           "[trace]") {
   auto alloc = Allocator::create(host_runtime()).value();
   const absl::Status bad = alloc->start_trace("/nonexistent-dir/trace.jsonl");
