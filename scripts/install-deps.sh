@@ -30,6 +30,9 @@ REQUIRED_PACKAGES=(
   python3-setuptools
   python3-wheel
   patchelf
+  # The hot-path cost of the audit and the trace is measured in instructions
+  # with callgrind (README, "Retention audit and event trace").
+  valgrind
 )
 
 # GPU toolchains that Debian packages: HIP, so that the HIP kernels (and the
