@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   add_audit_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress or audit)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe or stress)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;
