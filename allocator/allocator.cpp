@@ -256,6 +256,7 @@ absl::StatusOr<std::unique_ptr<Allocator>> Allocator::create(std::shared_ptr<Mem
     impl->devices[d].default_pool =
         std::make_unique<Pool>(d, kDefaultPool, impl->policy, impl->arena);
   }
+  if (absl::Status s = impl->start_observing(options); !s.ok()) return s;
   // The watcher only queues (it runs inside the runtime's destroy_stream),
   // and lets go once the allocator is gone.
   std::weak_ptr<detail::GoneStreams> weak = impl->gone_streams;
@@ -334,6 +335,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
+  if (m.observer != nullptr) m.observer->on_allocate(*block);
   m.live.insert(block->addr, block);
   if (ctx.capture != 0) {
     m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
@@ -393,7 +395,9 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
       freed->capture_graph = info->graph;
     }
   }
+  const std::uint64_t sequence = block->sequence;
   if (absl::Status s = m.free_block(block); !s.ok()) return s;
+  if (m.observer != nullptr) m.observer->on_free(sequence);
   // Told only once the free has happened: a free that failed (its block left
   // allocated) must not look like one to the tracker.
   if (freed.has_value()) m.listener->on_block_event(*freed);
@@ -417,6 +421,7 @@ absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
     return absl::OkStatus();
   }
   block->used_on.push_back(stream);
+  if (m.observer != nullptr) m.observer->on_record_stream(*block, stream);
   return absl::OkStatus();
 }
 

@@ -34,6 +34,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "allocator/block.hpp"
 #include "allocator/block_table.hpp"
+#include "allocator/observation.hpp"
 #include "common/futex_mutex.hpp"
 #include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
@@ -138,6 +139,18 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   StreamHandle last_known_stream = kDefaultStream;
   std::shared_ptr<detail::GoneStreams> gone_streams = std::make_shared<detail::GoneStreams>();
   bool unwatchable_logged = false;
+  // The retention audit and the event trace (allocator/observation.hpp,
+  // audit.cpp): `observer` is null until one is first turned on, then
+  // `observation` for the allocator's life. Last, so that the trace is
+  // closed before the rest goes.
+  std::uint64_t latest_checkpoint = 0;
+  bool has_checkpoint = false;
+  detail::AllocatorObserver* observer = nullptr;
+  std::unique_ptr<detail::Observation> observation;
+  // The observation, made and installed on first use. Requires mu.
+  detail::Observation& observe();
+  // Applies AllocatorOptions::record_stacks and trace_path (audit.cpp).
+  absl::Status start_observing(const AllocatorOptions& options);
 
   ~Impl();
 

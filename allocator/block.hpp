@@ -52,6 +52,7 @@ struct Block {
   std::uint32_t tag_id = 0;
   std::uint32_t owner_id = 0;  // interned AllocOptions::owner; 0: none
   std::uint32_t pending_events = 0;  // events still to complete (kPendingFree)
+  std::uint32_t site_id = 0;  // allocation site (allocation_sites.hpp); 0: none
   std::uint64_t sequence = 0;        // allocation sequence number
   CaptureId capture = 0;             // capture the block was allocated in
   std::size_t capture_position = 0;  // position in that capture

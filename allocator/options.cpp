@@ -18,6 +18,10 @@ absl::StatusOr<AllocatorOptions> AllocatorOptions::from_env() {
   if (!scope.ok()) return scope.status();
   options.capture_guard_scope =
       *scope == "stream" ? CaptureGuardScope::kStream : CaptureGuardScope::kDevice;
+  const absl::StatusOr<std::string> stacks = config::get_choice(config::Var::kStacks);
+  if (!stacks.ok()) return stacks.status();
+  options.record_stacks = *stacks == "1";
+  options.trace_path = config::get_text(config::Var::kTrace);
   return options;
 }
 

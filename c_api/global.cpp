@@ -1,6 +1,7 @@
 // c_api/global.cpp: see global.hpp.
 #include "c_api/global.hpp"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -45,6 +46,14 @@ const absl::StatusOr<GlobalCapalloc>& global_capalloc() {
   static const absl::StatusOr<GlobalCapalloc>* const instance = [] {
     auto* made = new absl::StatusOr<GlobalCapalloc>(make_global());
     if (!made->ok()) log().error("capalloc could not start: {}", made->status().ToString());
+    // The event trace (CAPALLOC_TRACE, capalloc_trace_start) is written out at
+    // exit: the allocator itself is never destroyed.
+    if (made->ok()) {
+      std::atexit([] {
+        const auto& g = global_capalloc();
+        if (g.ok()) g->allocator->stop_trace().IgnoreError();
+      });
+    }
     return made;
   }();
   return *instance;

@@ -14,6 +14,7 @@
 #include "common/config.hpp"
 #include "common/log.hpp"
 #include "capalloc/capture.hpp"
+#include "allocator/trace_hooks.hpp"
 #include "capture/alias_rule.hpp"
 #include "capture/block_history.hpp"
 #include "capture/tracker_impl.hpp"
@@ -115,6 +116,7 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
     return routed;
   }
   m.active[stream] = detail::ActiveCapture{*id, device, stream, pool, options.label, begin_tick};
+  detail::trace_capture_begin(a, *id, stream, pool, device, options.label);
   return *id;
 }
 
@@ -134,6 +136,7 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
   m.drain_log();
   m.active.erase(it);
   auto graph = m.runtime->end_capture(stream);
+  detail::trace_capture_end(a, capture.id);
   // Whatever the outcome, the capture no longer allocates into the pool.
   {
     const Impl::SelfCall self;
@@ -198,7 +201,14 @@ absl::Status CaptureTracker::replay(GraphHandle graph, StreamHandle stream) {
       if (detail::log().should_log(spdlog::level::warn)) detail::log().warn("{}", f.summary());
     }
   }
-  return impl_->runtime->launch_graph(graph, stream);
+  CaptureId capture = 0;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (auto r = impl_->record_of(graph); r.ok()) capture = (*r)->record.capture;
+  }
+  if (absl::Status s = impl_->runtime->launch_graph(graph, stream); !s.ok()) return s;
+  detail::trace_replay(*impl_->allocator, capture);
+  return absl::OkStatus();
 }
 
 absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
@@ -216,6 +226,7 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
     return s;
   }
   const CaptureId capture = it->second->record.capture;
+  detail::trace_graph_destroy(*m.allocator, capture);
   return m.allocator->drop_graph_pool_hold(m.drop_record(graph), capture);
 }
 

@@ -11,6 +11,7 @@
 #include "capalloc/capture.hpp"
 #include "capture/findings.hpp"
 #include "capture/json_writer.hpp"
+#include "capture/snapshot_audit.hpp"
 #include "capture/tracker_impl.hpp"
 
 namespace capalloc {
@@ -192,6 +193,7 @@ std::string CaptureTracker::snapshot_json() {
   j.key("findings").begin_array();
   for (const Finding& f : findings) detail::write_finding(j, f);
   j.end_array();
+  detail::write_audit_section(j, a);
   j.end_object();
   return j.str();
 }

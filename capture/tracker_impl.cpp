@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/trace_hooks.hpp"
 #include "common/log.hpp"
 
 namespace capalloc {
@@ -78,6 +79,7 @@ void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
     return;
   }
   if (records.contains(detail::kDiscoveredGraph | capture)) {
+    detail::trace_graph_destroy(*allocator, capture);
     drop_record(detail::kDiscoveredGraph | capture);
     return;
   }
@@ -366,6 +368,10 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   if (detail::log().should_log(spdlog::level::warn)) {
     for (const Finding& f : fresh) detail::log().warn("{}", f.summary());
   }
+  for (const Finding& f : fresh) {
+    detail::trace_finding(*allocator, severity_name(f.severity), f.overlap.ptr, f.overlap.bytes,
+                          f.graph, f.victim.sequence, f.victim.tag, f.summary());
+  }
   return fresh;
 }
 
@@ -403,6 +409,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_discovered() {
       const SelfCall self;
       allocator->end_allocate_to_pool(id).IgnoreError();
     }
+    detail::trace_capture_end(*allocator, id);
     // Inspected at its capture-end hook, or footprint: capalloc saw only its
     // allocations and frees.
     auto inspection = inspected.extract(id);

@@ -19,12 +19,13 @@ namespace {
 constexpr std::string_view kRuntimes[] = {"auto", "host", "cuda", "hip"};
 constexpr std::string_view kScopes[] = {"device", "stream"};
 constexpr std::string_view kStrictModes[] = {"0", "1", "possible"};
+constexpr std::string_view kOnOff[] = {"0", "1"};
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
 
 // A bound that keeps `first + programs` of the oracle far from overflow.
 constexpr std::uint64_t kOracleLimit = 1'000'000'000'000;
 
-constexpr std::array<Variable, 11> kTable = {{
+constexpr std::array<Variable, 13> kTable = {{
     {.id = Var::kRuntime,
      .name = "CAPALLOC_RUNTIME",
      .kind = Kind::kChoice,
@@ -113,6 +114,20 @@ constexpr std::array<Variable, 11> kTable = {{
      .default_value = "0",
      .meaning = "the oracle's first program number (to rerun one failure)",
      .read_by = "`oracle_property_test`"},
+    {.id = Var::kStacks,
+     .name = "CAPALLOC_STACKS",
+     .kind = Kind::kChoice,
+     .choices = kOnOff,
+     .default_value = "0",
+     .meaning = "`1`: record each allocation's call stack for the retention audit "
+                "(`live_since`), at the cost of one unwind per allocation",
+     .read_by = "`AllocatorOptions::from_env`: C ABI, CLI"},
+    {.id = Var::kTrace,
+     .name = "CAPALLOC_TRACE",
+     .kind = Kind::kPath,
+     .meaning = "write the event trace (`docs/trace.md`) of each allocator created from the "
+                "environment to this file (a second allocator of the process: `path.2`, ...)",
+     .read_by = "`AllocatorOptions::from_env`: C ABI, CLI"},
 }};
 
 constexpr bool table_in_enum_order() {

@@ -39,6 +39,8 @@ enum class Var {
   kOraclePrograms,
   kOracleSeed,
   kOracleFirst,
+  kStacks,
+  kTrace,
 };
 
 enum class Kind {

@@ -41,6 +41,8 @@ REQUIRED_PACKAGES=(
   libjemalloc2
   libmimalloc2.0
   libtcmalloc-minimal4
+  # The hot-path cost of the audit and the trace is measured in instructions
+  # with callgrind (README, "Retention audit and event trace").
   valgrind
 )
 

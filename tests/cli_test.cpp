@@ -66,7 +66,7 @@ TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
   SECTION("no command") {
     const Run r = capalloc_cli({});
     CHECK_RUN(r, 2);
-    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe, stress, report or bench) is required"));
+    CHECK_THAT(r.err, Contains("A command (arms, gemm-scenario, describe, stress, report, bench or audit) is required"));
   }
   SECTION("stress with no thread") {
     const Run r = capalloc_cli({"stress", "--ops", "10", "--threads", "0"});

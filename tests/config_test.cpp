@@ -321,6 +321,7 @@ TEST_CASE("config: the C ABI fails to start on any invalid variable, the same wa
       {"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"},
       {"CAPALLOC_STRICT", "yes"},
       {"CAPALLOC_LOG_LEVEL", "verbose"},
+      {"CAPALLOC_STACKS", "yes"},
   };
   for (const auto& [name, value] : bad) {
     INFO(name << "=" << value);
@@ -395,4 +396,38 @@ TEST_CASE("config: no other C++ source reads a CAPALLOC_* variable", "[config]")
     }
   }
   CHECK(readers == std::vector<std::string>{});
+}
+
+TEST_CASE("config: CAPALLOC_STACKS and CAPALLOC_TRACE through AllocatorOptions::from_env",
+          "[config]") {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("capalloc_config_trace_" + std::to_string(::getpid()) + ".jsonl"))
+          .string();
+  {
+    ScopedEnv stacks("CAPALLOC_STACKS", "1");
+    ScopedEnv trace("CAPALLOC_TRACE", path);
+    auto options = AllocatorOptions::from_env();
+    REQUIRE(options.ok());
+    CHECK(options->record_stacks);
+    CHECK(options->trace_path == path);
+    auto a = Allocator::create(host_runtime(), *options);
+    REQUIRE(a.ok());
+    CHECK((*a)->record_stacks());
+    CHECK((*a)->trace_path() == path);
+    REQUIRE((*a)->stop_trace().ok());
+  }
+  {
+    ScopedEnv stacks("CAPALLOC_STACKS", std::nullopt);
+    ScopedEnv trace("CAPALLOC_TRACE", std::nullopt);
+    auto options = AllocatorOptions::from_env();
+    REQUIRE(options.ok());
+    CHECK_FALSE(options->record_stacks);
+    CHECK(options->trace_path.empty());
+  }
+  {
+    ScopedEnv stacks("CAPALLOC_STACKS", "yes");
+    check_invalid(AllocatorOptions::from_env().status(), "CAPALLOC_STACKS", "yes", "one of 0, 1");
+  }
+  std::filesystem::remove(path);
 }

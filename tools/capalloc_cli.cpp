@@ -13,6 +13,9 @@
 //   capalloc bench TRACE... [--json] [--repetitions N] [--allocators LIST] [--callgrind]
 //       trace replays through capalloc, a naive baseline and the host mallocs
 //       (docs/performance.md)
+//   capalloc audit [--json] [--no-stacks] | --trace FILE [--since ID] [--json]
+//       the retention audit: seed 000's retained buffers named, or what a
+//       trace leaves live (tools/cli_audit.cpp)
 //
 // Settings (tools/cli.hpp): --runtime, --round-granularity,
 // --capture-guard-scope, --strict[=0|1|possible], --log-level; each
@@ -97,9 +100,10 @@ int main(int argc, char** argv) {
   add_stress_command(app, run);
   add_report_command(app, run);
   add_bench_command(app, run);
+  add_audit_command(app, run);
   try {
     app.parse(argc, argv);
-    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress, report or bench)");
+    if (!run) throw CLI::RequiredError("A command (arms, gemm-scenario, describe, stress, report, bench or audit)");
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every other parse error is a usage error.
     return app.exit(e) == 0 ? 0 : 2;

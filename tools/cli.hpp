@@ -85,6 +85,7 @@ absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const 
                                                   const report::ScenarioTrace& trace);
 // `capalloc bench` and its hidden child, `capalloc bench-replay` (cli_bench.cpp).
 void add_bench_command(CLI::App& app, Runner& run);
+void add_audit_command(CLI::App& app, Runner& run);
 
 // " (strict mode)", " (strict mode, possible findings too)" or "": for the
 // scenarios' headers.

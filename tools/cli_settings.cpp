@@ -106,6 +106,7 @@ absl::StatusOr<Settings> SettingsFlags::start() const {
       {Var::kRuntime, runtime_option_},         {Var::kRoundGranularity, granularity_option_},
       {Var::kCaptureGuardScope, guard_scope_option_}, {Var::kStrict, strict_option_},
       {Var::kLogLevel, log_level_option_},      {Var::kBackendPath, nullptr},
+      {Var::kStacks, nullptr},                  {Var::kTrace, nullptr},
   };
   for (const auto& [id, option] : library_variables) {
     if (option != nullptr) continue;
@@ -113,6 +114,11 @@ absl::StatusOr<Settings> SettingsFlags::start() const {
     if (!text.empty()) CAPALLOC_RETURN_IF_ERROR(config::check(config::variable(id), text));
   }
   Settings s;
+  // No flags: the retention audit's stacks and the event trace of every
+  // allocator a command creates come from their variables.
+  CAPALLOC_ASSIGN_OR_RETURN(const std::string stacks, config::get_choice(Var::kStacks));
+  s.allocator.record_stacks = stacks == "1";
+  s.allocator.trace_path = config::get_text(Var::kTrace);
   auto given = [](const CLI::Option* option) { return option != nullptr && option->count() > 0; };
   if (given(runtime_option_)) {
     s.runtime = runtime_;

@@ -30,10 +30,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "capalloc/audit.hpp"
 #include "capalloc/export.h"
 #include "capalloc/runtime.hpp"
 
 namespace capalloc {
+
+namespace detail {
+struct AllocatorAccess;  // the library's own way in (allocator/allocator_access.hpp)
+}  // namespace detail
 
 // How long a block must live. Persistent blocks must outlive every graph
 // replay unchanged (workspaces, semaphores, caches).
@@ -71,9 +76,16 @@ struct CAPALLOC_API AllocatorOptions {
   std::size_t medium_request_limit = std::size_t{2} << 20;
   std::size_t large_segment_bytes = std::size_t{4} << 20;
   CaptureGuardScope capture_guard_scope = CaptureGuardScope::kDevice;
+  // Record each allocation's call stack for the retention audit
+  // (Allocator::set_record_stacks); CAPALLOC_STACKS=1.
+  bool record_stacks = false;
+  // Write the event trace (docs/trace.md) to this file from the start
+  // (Allocator::start_trace); empty: none. CAPALLOC_TRACE.
+  std::string trace_path;
 
   // Reads CAPALLOC_ROUND_GRANULARITY (bytes: a power of two from 256 to 2 MiB)
-  // and CAPALLOC_CAPTURE_GUARD_SCOPE (device|stream) over the defaults. An
+  // CAPALLOC_CAPTURE_GUARD_SCOPE (device|stream), CAPALLOC_STACKS (0|1) and
+  // CAPALLOC_TRACE (a file path) over the defaults. An
   // unset or empty variable keeps the default; an invalid value is
   // kInvalidArgument naming the variable, the value and what is accepted
   // (the policy of every CAPALLOC_* variable: README, configuration).
@@ -320,7 +332,38 @@ class CAPALLOC_API Allocator {
   DeviceRuntime* device_runtime() const;
   const AllocatorOptions& options() const;
 
+  // --- Retention audit (capalloc/audit.hpp) and event trace (docs/trace.md) ---
+  // Records the call stack of each allocation from now on (off: no longer).
+  // Cost with stacks: one unwind (absl::GetStackTrace) and one interning
+  // lookup per allocation, under the allocator's lock; symbolized only when
+  // reported. README, "Retention audit", gives the measured cost.
+  void set_record_stacks(bool record);
+  bool record_stacks() const;
+  // The allocation order now; also remembered as the latest checkpoint (the
+  // snapshot's audit section lists the live blocks allocated since it).
+  AuditCheckpoint checkpoint();
+  // The latest checkpoint(), if any was taken.
+  bool latest_checkpoint(AuditCheckpoint* out) const;
+  // The blocks allocated after `since` and still allocated (not freed, not
+  // pending free), grouped by tag and site, most bytes first. O(live blocks).
+  LiveSince live_since(AuditCheckpoint since) const;
+
+  // Starts the event trace: every alloc, free and record_stream from now on,
+  // the live blocks first (as allocs), and the capture events of a
+  // CaptureTracker over this allocator, appended to `path` as JSON Lines.
+  // Buffered: the hot path appends a fixed-size record, a writer thread
+  // formats and writes. kFailedPrecondition when a trace is running;
+  // kInvalidArgument when the file cannot be created (a path another trace
+  // of this process writes gets a suffix: trace_path() says which).
+  absl::Status start_trace(std::string_view path);
+  // Writes what is buffered and closes the file. kFailedPrecondition when
+  // no trace runs; kDataLoss when writing failed.
+  absl::Status stop_trace();
+  // The file the running trace writes ("" when none).
+  std::string trace_path() const;
+
  private:
+  friend struct detail::AllocatorAccess;
   struct Impl;
   explicit Allocator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

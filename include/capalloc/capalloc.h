@@ -141,6 +141,36 @@ CAPALLOC_API capalloc_status capalloc_set_strict(int strict);
  * same thread-local string as findings. */
 CAPALLOC_API capalloc_status capalloc_snapshot(const char** json);
 
+/* --- Retention audit and event trace (c_api/c_api_audit.cpp) -----------------
+ * capalloc_checkpoint stores the allocation order now in *out (and remembers
+ * it as the latest checkpoint, which the snapshot's audit section uses);
+ * capalloc_live_since answers the blocks allocated after `checkpoint` and
+ * still live, grouped by tag and allocation site, as JSON (schema
+ * capalloc.live_since/1, docs/snapshot.md) in the same thread-local string as
+ * findings. capalloc_set_record_stacks(1) records each allocation's call
+ * stack from now on (CAPALLOC_STACKS=1: from the start).
+ *
+ * capalloc_push_tag opens a tag scope on the calling thread: allocations
+ * this thread makes without a tag of their own (capalloc_malloc,
+ * capalloc_torch_malloc) get `tag` and `site` (a call site such as
+ * "model.py:12 in forward"; NULL or "" for none) until the matching
+ * capalloc_pop_tag. Scopes nest (at most 64); the innermost applies. Errors:
+ * INVALID_ARGUMENT for a NULL tag, OUT_OF_MEMORY past 64 scopes,
+ * FAILED_PRECONDITION for a pop with none open.
+ *
+ * capalloc_trace_start writes the event trace (docs/trace.md) to `path`
+ * (FAILED_PRECONDITION when one runs; INVALID_ARGUMENT when the file cannot
+ * be created); capalloc_trace_stop writes what is buffered and closes it
+ * (FAILED_PRECONDITION when none runs). A trace still running at exit is
+ * written out then. */
+CAPALLOC_API capalloc_status capalloc_checkpoint(uint64_t* out);
+CAPALLOC_API capalloc_status capalloc_live_since(uint64_t checkpoint, const char** json);
+CAPALLOC_API capalloc_status capalloc_set_record_stacks(int record);
+CAPALLOC_API capalloc_status capalloc_push_tag(const char* tag, const char* site);
+CAPALLOC_API capalloc_status capalloc_pop_tag(void);
+CAPALLOC_API capalloc_status capalloc_trace_start(const char* path);
+CAPALLOC_API capalloc_status capalloc_trace_stop(void);
+
 /* --- Persistent buffers by (device, key) -------------------------------------
  * capalloc_preallocate creates (or returns) the buffer during warmup; it is
  * refused during a capture. capalloc_get never allocates. `out` of

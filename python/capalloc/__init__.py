@@ -9,6 +9,11 @@ allocator hooks through a small C++ shim built on the machine.
     for finding in capalloc.check():        # before the first replay
         print(finding)
     state = capalloc.snapshot()             # dict: devices, live blocks, graphs, findings
+    cp = capalloc.checkpoint()              # retention audit: what a step leaves behind
+    with capalloc.tag("decoder.layer3"):    # tags this thread's allocations, with the call site
+        ...
+    for group in capalloc.live_since(cp)["groups"]:
+        print(group["tag"], group["site"], group["bytes"])
     capalloc.memory_stats(0)                # torch.cuda.memory_stats()-style figures
 
 The library is found, in order: the `path` argument (an error if that file
@@ -41,6 +46,7 @@ __all__ = [
     "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
     "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
     "release_on_stream", "release_pending", "release_drain", "dlpack_import", "ImportedTensor",
+    "checkpoint", "live_since", "tag", "record_stacks", "trace_start", "trace_stop",
 ]
 
 _OK = 0
@@ -205,6 +211,14 @@ def _declare(lib):
                                            c_char_p, c_int]
     lib.capalloc_free.argtypes = [c_void_p]
     lib.capalloc_get_stats.argtypes = [c_int, ctypes.POINTER(_Stats)]
+    if hasattr(lib, "capalloc_checkpoint"):
+        lib.capalloc_checkpoint.argtypes = [ctypes.POINTER(c_u64)]
+        lib.capalloc_live_since.argtypes = [c_u64, out_str]
+        lib.capalloc_set_record_stacks.argtypes = [c_int]
+        lib.capalloc_push_tag.argtypes = [c_char_p, c_char_p]
+        lib.capalloc_pop_tag.argtypes = []
+        lib.capalloc_trace_start.argtypes = [c_char_p]
+        lib.capalloc_trace_stop.argtypes = []
     if hasattr(lib, "capalloc_get_strict"):
         lib.capalloc_get_strict.argtypes = [ctypes.POINTER(c_int)]
     if hasattr(lib, "capalloc_torch_begin_allocate_to_pool"):
@@ -625,3 +639,73 @@ def dlpack_import(tensor, stream=None):
     _call("capalloc_dlpack_import", managed, c_stream, ctypes.byref(data), ctypes.byref(nbytes))
     _pythonapi.PyCapsule_SetName(capsule, b"used_dltensor")
     return ImportedTensor(managed, data.value, nbytes.value, c_stream)
+
+
+# --- Retention audit and event trace -----------------------------------------
+
+def checkpoint():
+    """A point in the allocation order (an int): live_since(checkpoint) lists
+    the blocks allocated after it that are still live. Also remembered as the
+    latest checkpoint, which snapshot()["audit"] reports against."""
+    out = ctypes.c_uint64()
+    _call("capalloc_checkpoint", ctypes.byref(out))
+    return out.value
+
+
+def live_since(checkpoint):
+    """The blocks allocated after `checkpoint` and still live, grouped by tag
+    and allocation site: {"checkpoint", "blocks", "bytes", "groups": [{"tag",
+    "site", "location", "stack", "blocks", "bytes", "requested_bytes",
+    "block_list": [{"ptr", "size", "requested", "sequence", "device",
+    "stream"}]}]}, most bytes first (docs/snapshot.md, the audit section)."""
+    checkpoint = _int("live_since", "checkpoint", checkpoint, 0, _UINT64_MAX)
+    out = ctypes.c_char_p()
+    _call("capalloc_live_since", checkpoint, ctypes.byref(out))
+    return _json(out.value)
+
+
+def record_stacks(on=True):
+    """Records the C++ call stack of each allocation from now on (as
+    CAPALLOC_STACKS=1 does from the start); live_since() then reports each
+    group's stack. Behind PyTorch the stack shows PyTorch's frames only: tag()
+    names the Python call site."""
+    if not isinstance(on, bool):
+        raise TypeError(f"record_stacks: on must be a bool, not {type(on).__name__}")
+    _call("capalloc_set_record_stacks", 1 if on else 0)
+
+
+class tag:
+    """with capalloc.tag("decoder.layer3"): ... tags the allocations this
+    thread makes inside the block without a tag of their own (PyTorch's
+    included) with the tag, and names the call site that entered the block
+    ("file.py:12 in forward") as their allocation site. Scopes nest; the
+    innermost applies."""
+
+    def __init__(self, name):
+        self._name = _text("tag", "name", name)
+        self._site = None
+
+    def __enter__(self):
+        frame = sys._getframe(1)  # the frame whose `with` statement entered
+        site = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        del frame  # no frame kept alive by the scope (seed 002)
+        self._site = _text("tag", "site", site)
+        _call("capalloc_push_tag", self._name, self._site)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _call("capalloc_pop_tag")
+        return False
+
+
+def trace_start(path):
+    """Writes the event trace (docs/trace.md, JSON Lines) to `path` from now
+    on: every alloc, free and record_stream, captures, replays and findings.
+    CAPALLOC_TRACE=path does the same from the start."""
+    path = _path("trace_start", path)
+    _call("capalloc_trace_start", _text("trace_start", "path", path))
+
+
+def trace_stop():
+    """Writes what the trace buffered and closes its file."""
+    _call("capalloc_trace_stop")
