@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "allocator/trace_hooks.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
 #include "capalloc/release.hpp"
@@ -152,6 +153,20 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
     return done.ok() && *done;
   }
 
+  // The event trace of the tracker's allocator (docs/trace.md: `release`
+  // and `release_done`, by the first memory span's address; none without a
+  // tracker, or when no trace runs).
+  void trace_requested(const Entry& e) const {
+    if (tracker == nullptr) return;
+    detail::trace_release(tracker->allocator(), 0, e.memory.empty() ? nullptr : e.memory[0].ptr,
+                          e.stream);
+  }
+  void trace_done(const Entry& e) const {
+    if (tracker == nullptr) return;
+    detail::trace_release_done(tracker->allocator(), 0,
+                               e.memory.empty() ? nullptr : e.memory[0].ptr);
+  }
+
   void run_callback(Entry& e, bool at_teardown) {
     Callback callback = std::move(e.callback);
     try {
@@ -166,6 +181,7 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
     // held is gone once `completed` counts it (seed 000: no release keeps
     // the caller's objects past its run).
     { Callback gone = std::move(callback); }
+    trace_done(e);
     give_back_event(e.device, e.event);
     std::lock_guard lock(mu());
     ++counts.completed;
@@ -396,6 +412,7 @@ absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback cal
             .stream = stream,
             .memory = std::move(memory),
             .callback = std::move(callback)};
+    impl_->trace_requested(e);
     bool drained;
     {
       std::lock_guard lock(impl_->mu());

@@ -4,6 +4,7 @@
 // name begun captures, none begun twice), with one line per event.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
+#include "capalloc/release.hpp"
 #include "test_support.hpp"
 
 using namespace capalloc;
@@ -67,6 +69,9 @@ TraceCounts read_trace(const std::string& path) {
       if (!begun.insert(j.at("capture").get<std::uint64_t>()).second) error("capture begun twice");
     } else if (op == "capture_end" || op == "replay" || op == "graph_destroy") {
       if (!begun.contains(j.at("capture").get<std::uint64_t>())) error(op + " of a capture not begun");
+    } else if (op == "release" || op == "release_done") {
+      if (!j.contains("id") && !j.contains("addr")) error(op + " without id or addr");
+      if (op == "release" && !j.contains("stream")) error("release without stream");
     } else if (op == "finding") {
       if (!j.contains("severity") || !j.contains("addr") || !j.contains("graph")) {
         error("finding without severity, addr or graph");
@@ -119,6 +124,14 @@ TEST_CASE("trace: a traced run writes a trace the reader rules replay", "[trace]
   REQUIRE_OK(tracker->replay(done->graph, side));
   REQUIRE_OK(rt->synchronize_stream(side));
   REQUIRE_OK(tracker->destroy_graph(done->graph));
+  // A stream-ordered release (issue 13) over the tracker: requested, then run.
+  {
+    auto queue = ReleaseQueue::create(*tracker).value();
+    std::atomic<bool> ran{false};
+    REQUIRE_OK(queue->release(0, side, [&] { ran = true; }, {MemorySpan{kept, 4096}}));
+    REQUIRE_OK(queue->drain());
+    CHECK(ran);
+  }
   REQUIRE_OK(alloc->stop_trace());
   CHECK(alloc->trace_path().empty());
   CHECK(alloc->stop_trace().code() == absl::StatusCode::kFailedPrecondition);
@@ -134,6 +147,8 @@ TEST_CASE("trace: a traced run writes a trace the reader rules replay", "[trace]
   CHECK(c.ops.at("capture_end") == 1);
   CHECK(c.ops.at("replay") == 2);
   CHECK(c.ops.at("graph_destroy") == 1);
+  CHECK(c.ops.at("release") == 1);
+  CHECK(c.ops.at("release_done") == 1);
   CHECK(c.live.size() == 1);  // `kept`, freed after the trace stopped
   std::filesystem::remove(path);
   REQUIRE_OK(rt->destroy_stream(side));
