@@ -104,13 +104,19 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
     return out_of_memory(
         absl::StrCat("the device has only ", detail::bytes(info->total_bytes), " in all"));
   }
-  // An oversize request that no cached oversize block fits: the stream's
-  // fully free oversize segments fit no request of this size either, so
-  // they go back before a new one is reserved (peak reserved stays close to
-  // peak requested; PyTorch keeps them until out of memory). Not while a
-  // capture is under way: releasing memory then is illegal.
-  if (policy.class_of(rounded) == detail::SizeClass::kOversize && events_allowed(device) &&
-      !runtime_capturing(device, stream)) {
+  // An oversize request that no cached oversize block fits, when the pool's
+  // cached free memory would exceed 1/kCachedShare of what it reserves:
+  // the stream's fully free oversize segments, which fit no request of this
+  // size, go back before a new one is reserved. This keeps peak reserved
+  // within about 10% of peak requested, where PyTorch keeps them until out
+  // of memory; below the share they stay cached, so that sizes that come
+  // back (a training step's) find them. Not while a capture is under way:
+  // releasing memory then is illegal.
+  constexpr std::int64_t kCachedShare = 10;
+  if (policy.class_of(rounded) == detail::SizeClass::kOversize &&
+      pool.cached_free_bytes() * kCachedShare >
+          stats.reserved_bytes.current + static_cast<std::int64_t>(segment_bytes) &&
+      events_allowed(device) && !runtime_capturing(device, stream)) {
     release_segments(device, pool, stream, detail::SizeClass::kOversize).IgnoreError();
   }
   auto base = reserve_relaxed(device, segment_bytes);

@@ -30,7 +30,8 @@ struct Segment;
 
 // Which segments serve a request (SizePolicy::class_of): small requests
 // share small segments, medium ones large segments; an oversize request gets
-// a segment of its own, which is never split for a smaller request.
+// a segment of its own (split later like any other), filed apart so that
+// the cache can give oversize segments back without touching the others.
 enum class SizeClass : std::uint8_t { kSmall, kLarge, kOversize };
 
 struct Block {

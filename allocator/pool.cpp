@@ -77,9 +77,6 @@ void Pool::file_free(Block* block) {
 void Pool::split(Block* block, std::size_t rounded) {
   const std::size_t remainder = block->size - rounded;
   if (remainder < policy_.granularity) return;  // keep the slack inside the block
-  // An oversize segment serves one block: a remainder could serve no other
-  // oversize request (SizePolicy::fits_oversize), so it stays inside.
-  if (block->segment->size_class == SizeClass::kOversize) return;
   Block* rest = arena_.make();
   rest->addr = block->addr + rounded;
   rest->size = remainder;
@@ -108,9 +105,6 @@ Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requeste
   if (index == nullptr) return nullptr;
   Block* block = index->find(rounded);
   if (block == nullptr) return nullptr;
-  if (size_class == SizeClass::kOversize && !policy_.fits_oversize(block->size, rounded)) {
-    return nullptr;
-  }
   index->remove(block);
   --stats_.free_blocks;
   free_bytes_ -= static_cast<std::int64_t>(block->size);

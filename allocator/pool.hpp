@@ -52,13 +52,6 @@ struct SizePolicy {
            : rounded <= medium_request_limit ? SizeClass::kLarge
                                              : SizeClass::kOversize;
   }
-  // An oversize block serves a request only if it wastes at most this
-  // fraction of it (1/kOversizeSlack): a cached 40 MiB block is not pinned
-  // down by a 12 MiB tensor, and is released instead when nothing fits.
-  static constexpr std::size_t kOversizeSlack = 8;
-  bool fits_oversize(std::size_t block_bytes, std::size_t rounded) const {
-    return block_bytes - rounded <= rounded / kOversizeSlack;
-  }
   std::size_t segment_bytes_for(std::size_t rounded) const;
 };
 

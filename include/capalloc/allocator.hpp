@@ -66,13 +66,12 @@ struct CAPALLOC_API AllocatorOptions {
   std::size_t small_segment_bytes = std::size_t{2} << 20;
   // Requests up to this size share large segments of `large_segment_bytes`;
   // bigger ones ("oversize") get a segment of their own (rounded to 2 MiB).
-  // An oversize block is never split: it serves a later request only if it
-  // wastes at most 1/8 of it, and when an oversize request finds none, the
-  // stream's fully free oversize segments are released before a new one is
-  // reserved (outside captures). This keeps peak reserved within about 10%
-  // of peak requested on traces of interleaved mid-sized blocks
-  // (docs/performance.md), where 10 MiB / 20 MiB shared segments (PyTorch's
-  // sizes) left 25-35% more reserved.
+  // When an oversize request finds no cached block and the pool's cached
+  // free bytes exceed 1/10 of what it reserves, the stream's fully free
+  // oversize segments are released before a new one is reserved (outside
+  // captures). docs/performance.md has what these sizes and that rule give
+  // against PyTorch's (10 MiB / 20 MiB, nothing released until out of
+  // memory).
   std::size_t medium_request_limit = std::size_t{2} << 20;
   std::size_t large_segment_bytes = std::size_t{4} << 20;
   CaptureGuardScope capture_guard_scope = CaptureGuardScope::kDevice;
