@@ -15,7 +15,12 @@ namespace capalloc {
 namespace detail {
 
 spdlog::logger& log() {
-  static const std::shared_ptr<spdlog::logger> logger = []() -> std::shared_ptr<spdlog::logger> {
+  // Never destroyed, like the process-wide allocator: exit handlers (the C
+  // ABI's release-queue drain) and static destructors of the host
+  // application log after this function's statics would have gone, and the
+  // shared_ptr keeps the logger's sinks alive past spdlog's registry.
+  static const std::shared_ptr<spdlog::logger>& logger = *new std::shared_ptr<spdlog::logger>(
+      []() -> std::shared_ptr<spdlog::logger> {
     // One logger per process: a backend plugin (runtime/plugins.hpp) carries
     // its own copy of this file and finds, through spdlog's registry (in the
     // shared libspdlog), the logger libcapalloc made, level and all.
@@ -32,7 +37,7 @@ spdlog::logger& log() {
       l->error("{}", std::string(level.status().message()));
     }
     return l;
-  }();
+  }());
   return *logger;
 }
 
