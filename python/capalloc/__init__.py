@@ -581,9 +581,16 @@ def release_drain():
 
 @atexit.register
 def _drain_at_exit():
+    # Whatever is pending runs now, while Python can still run it: Python
+    # callbacks, and DLPack deleters too (a producer's deleter may take the
+    # GIL; after finalization, from the C library's exit handler, it would
+    # crash the interpreter).
     if _lib is not None and hasattr(_lib, "capalloc_release_drain"):
         with _releases_lock:
             waiting = bool(_releases)
+        pending = ctypes.c_uint64()
+        if _lib.capalloc_release_pending(ctypes.byref(pending)) == _OK and pending.value > 0:
+            waiting = True
         if waiting:
             _lib.capalloc_release_drain()
 
