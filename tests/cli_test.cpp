@@ -2,6 +2,8 @@
 // --help on the program and every command, missing, invalid and unknown
 // arguments (exit 2 with CLI11's message), the CAPALLOC_* variables honoured
 // and flags overriding them.
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -215,4 +217,43 @@ TEST_CASE("cli: the CAPALLOC_* variables are honoured, and flags override them",
                      {{"CAPALLOC_CAPTURE_GUARD_SCOPE", "process"}});
     CHECK_RUN(flag, 0);
   }
+}
+
+TEST_CASE("cli: audit --trace refuses a line that breaks the trace rules, naming it", "[cli]") {
+  // Found by the break test of issue 13: a size of the wrong type aborted
+  // the program, and a negative size or a double free passed silently.
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  auto write = [&](const std::string& name, const std::string& body) {
+    const std::string path = dir + "/capalloc_cli_audit_" + name + ".jsonl";
+    std::ofstream(path) << body;
+    return path;
+  };
+  const std::string header = "{\"format\": \"capalloc.trace/1\", \"source\": \"test\"}\n";
+  struct Case {
+    std::string name, body, message;
+  };
+  const std::vector<Case> cases = {
+      {"size_type", header + "{\"op\":\"alloc\",\"id\":1,\"size\":\"abc\",\"stream\":0}\n",
+       ":2: alloc without a \"size\" above 0"},
+      {"size_negative", header + "{\"op\":\"alloc\",\"id\":1,\"size\":-5,\"stream\":0}\n",
+       ":2: alloc without a \"size\" above 0"},
+      {"double_free",
+       header + "{\"op\":\"alloc\",\"id\":1,\"size\":8,\"stream\":0}\n{\"op\":\"free\",\"id\":1}\n" +
+           "{\"op\":\"free\",\"id\":1}\n",
+       ":4: free of id 1, which is not live"},
+      {"no_header", "{\"op\":\"alloc\",\"id\":1,\"size\":8,\"stream\":0}\n",
+       ":1: not a capalloc.trace/1 header"},
+      {"empty", "", "no capalloc.trace/1 header"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const Run r = capalloc_cli({"audit", "--trace", write(c.name, c.body)});
+    CHECK_RUN(r, 1);
+    CHECK_THAT(r.err, Contains(c.message));
+  }
+  const Run ok = capalloc_cli(
+      {"audit", "--trace",
+       write("ok", header + "{\"op\":\"alloc\",\"id\":1,\"size\":8,\"stream\":0,\"tag\":\"kept\"}\n")});
+  CHECK_RUN(ok, 0);
+  CHECK_THAT(ok.out, Contains("kept"));
 }

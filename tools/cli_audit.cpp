@@ -136,23 +136,51 @@ int trace_command(const AuditFlags& flags) {
   std::map<std::uint64_t, Live> live;
   std::string line;
   int number = 0;
+  bool header = true;
+  // The reader rules of docs/trace.md for what this command reads (the
+  // header, alloc and free); a line that breaks one is refused, naming it.
+  auto refuse = [&](const std::string& why) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrFormat("audit: %s:%d: %s", flags.trace, number, why)));
+  };
+  auto id_of = [](const nlohmann::json& j, std::uint64_t& id) {
+    if (!j.contains("id") || !j["id"].is_number_unsigned()) return false;
+    id = j["id"].get<std::uint64_t>();
+    return true;
+  };
   while (std::getline(in, line)) {
     ++number;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    if (line[line.find_first_not_of(" \t")] == '#') continue;
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrFormat("%s:%d: not a JSON object", flags.trace, number)));
+    if (j.is_discarded() || !j.is_object()) return refuse("not a JSON object");
+    if (header) {
+      if (!j.contains("format") || !j["format"].is_string() ||
+          j["format"].get<std::string>() != "capalloc.trace/1") {
+        return refuse("not a capalloc.trace/1 header (docs/trace.md)");
+      }
+      header = false;
+      continue;
     }
-    const std::string op = j.value("op", "");
-    if (op == "alloc" && j.contains("id")) {
-      live[j["id"].get<std::uint64_t>()] =
-          Live{j.value("tag", ""), j.value("size", std::uint64_t{0}), j.value("addr", "")};
-    } else if (op == "free" && j.contains("id")) {
-      live.erase(j["id"].get<std::uint64_t>());
+    if (!j.contains("op") || !j["op"].is_string()) return refuse("no \"op\"");
+    const std::string op = j["op"].get<std::string>();
+    std::uint64_t id = 0;
+    if (op == "alloc") {
+      if (!id_of(j, id)) return refuse("alloc without an unsigned integer \"id\"");
+      if (!j.contains("size") || !j["size"].is_number_unsigned() ||
+          j["size"].get<std::uint64_t>() == 0) {
+        return refuse("alloc without a \"size\" above 0");
+      }
+      if (j.contains("tag") && !j["tag"].is_string()) return refuse("alloc with a non-string tag");
+      if (j.contains("addr") && !j["addr"].is_string()) return refuse("alloc with a non-string addr");
+      if (live.contains(id)) return refuse(absl::StrFormat("alloc of id %d, which is live", id));
+      live[id] = Live{j.value("tag", ""), j["size"].get<std::uint64_t>(), j.value("addr", "")};
+    } else if (op == "free") {
+      if (!id_of(j, id)) return refuse("free without an unsigned integer \"id\"");
+      if (live.erase(id) == 0) return refuse(absl::StrFormat("free of id %d, which is not live", id));
     }
   }
+  if (header) return refuse("no capalloc.trace/1 header: an empty file, or not a trace");
   struct Group {
     std::uint64_t blocks = 0, bytes = 0;
     std::vector<std::uint64_t> ids;
