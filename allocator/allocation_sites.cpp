@@ -6,6 +6,8 @@
 // frame, so a collision costs a comparison, never a wrong site.
 #include "allocator/allocation_sites.hpp"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -135,9 +137,19 @@ SiteDescription describe_site(std::uint32_t site) {
       const void* pc = static_cast<const char*>(e.frames[i]) - 1;
       if (absl::Symbolize(pc, name, sizeof name)) {
         e.names.emplace_back(name);
-      } else {
-        e.names.push_back(absl::StrFormat("%p", e.frames[i]));
+        continue;
       }
+      // No symbol: a frame of an object without symbols is named by object
+      // and offset; an address in no loaded object is not code at all. The
+      // frame-pointer unwinder walked off the chain there (code built
+      // without frame pointers, such as the Python interpreter): the stack
+      // ends, rather than naming a stack address as a frame.
+      Dl_info object;
+      if (dladdr(pc, &object) == 0 || object.dli_fname == nullptr) break;
+      const char* file = std::strrchr(object.dli_fname, '/');
+      e.names.push_back(absl::StrFormat(
+          "%s+0x%x", file == nullptr ? object.dli_fname : file + 1,
+          static_cast<const char*>(pc) - static_cast<const char*>(object.dli_fbase)));
     }
     e.symbolized = true;
   }
