@@ -686,7 +686,10 @@ class tag:
     thread makes inside the block without a tag of their own (PyTorch's
     included) with the tag, and names the call site that entered the block
     ("file.py:12 in forward") as their allocation site. Scopes nest; the
-    innermost applies."""
+    innermost applies. The scopes are the thread's, not an asyncio task's or
+    a generator's: tasks that await inside their own tag on one thread see
+    each other's (the innermost open one), and a scope must be exited on the
+    thread that entered it."""
 
     def __init__(self, name):
         self._name = _text("tag", "name", name)
