@@ -96,7 +96,11 @@ TEST_CASE("audit: seed 000, a launch path that keeps the last launch's tensors i
     output_ptr = out->ptr;
     seed000_layout_dynamic_launch(cache, in, out);
   }
-  cache.reset();  // the owner's last reference: the cycle keeps the state alive
+  // The owner's last reference: the cycle keeps the state alive (the weak
+  // reference is the test's, to break the cycle at the end as a collection
+  // would, so that nothing leaks).
+  const std::weak_ptr<CallState> pinned = cache;
+  cache.reset();
 
   const LiveSince live = alloc->live_since(cp);
   INFO(live_since_to_json(live));
@@ -132,8 +136,12 @@ TEST_CASE("audit: seed 000, a launch path that keeps the last launch's tensors i
   // would, and the audit is empty.
   const LiveSince still = alloc->live_since(cp);
   CHECK(still.blocks == 2);
-  REQUIRE_OK(alloc->deallocate(const_cast<void*>(input_ptr)));
-  REQUIRE_OK(alloc->deallocate(const_cast<void*>(output_ptr)));
+  {
+    std::shared_ptr<CallState> state = pinned.lock();
+    REQUIRE(state != nullptr);
+    state->self.reset();  // the collection: the state and its buffers go
+  }
+  CHECK(pinned.expired());
   CHECK(alloc->live_since(cp).blocks == 0);
   REQUIRE_OK(alloc->deallocate(before));
   REQUIRE_OK(alloc->CheckInvariants());
@@ -150,10 +158,14 @@ struct Frame {
   std::shared_ptr<Frame> cur_frame;  // the local that names the frame itself
 };
 
-[[gnu::noinline]] void seed002_cute_kernel_decorator(const std::shared_ptr<Frame>& caller) {
+// Returns a weak reference to its frame, for the test to break the cycle at
+// the end as a collection would.
+[[gnu::noinline]] std::weak_ptr<Frame> seed002_cute_kernel_decorator(
+    const std::shared_ptr<Frame>& caller) {
   auto frame = std::make_shared<Frame>();
   frame->f_back = caller;
   frame->cur_frame = frame;  // cur_frame = inspect.currentframe()
+  return frame;
 }
 
 }  // namespace
@@ -164,6 +176,7 @@ TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer and l
   auto alloc = Allocator::create(host_runtime()).value();
   const AuditCheckpoint cp = alloc->checkpoint();
   const void* big = nullptr;
+  std::weak_ptr<Frame> decorator_frame;
   {
     // probe_cuda_tensor(): `big` is a local of the frame that defines kernels.
     AllocationTagScope scope(*alloc, "probe.big", "repro.py:97 in probe_cuda_tensor");
@@ -172,7 +185,7 @@ TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer and l
     REQUIRE_OK(p);
     frame->locals.push_back(std::shared_ptr<DeviceBuffer>(new DeviceBuffer{alloc.get(), *p}));
     big = *p;
-    seed002_cute_kernel_decorator(frame);
+    decorator_frame = seed002_cute_kernel_decorator(frame);
   }
   // `big` died with its frame, unless the frame is pinned: it is.
   const LiveSince live = alloc->live_since(cp);
@@ -200,7 +213,12 @@ TEST_CASE("audit: seed 002, a decorator frame cycle pins a caller's buffer and l
   void* plain = alloc->allocate(512).value();
   CHECK(alloc->block_info(plain)->tag.empty());
   REQUIRE_OK(alloc->deallocate(plain));
-  REQUIRE_OK(alloc->deallocate(const_cast<void*>(big)));  // the collection
+  {
+    std::shared_ptr<Frame> frame = decorator_frame.lock();  // the collection
+    REQUIRE(frame != nullptr);
+    frame->cur_frame.reset();
+  }
+  CHECK(decorator_frame.expired());
   CHECK(alloc->live_since(cp).blocks == 0);
 }
 
