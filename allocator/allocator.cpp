@@ -60,6 +60,33 @@ Allocator::Impl::~Impl() {
   }
 }
 
+bool Allocator::Impl::free_cached(void* ptr, int device) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (addr == 0) return false;  // 0 marks an empty slot of the table
+  std::lock_guard lock(mu);
+  if (gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const std::size_t slot = live.find_slot(addr);
+  if (slot == detail::BlockTable::kNoSlot) return false;
+  Block* block = live.block_at(slot);
+  const detail::Segment& segment = *block->segment;
+  Pool& pool = *segment.pool;
+  if ((device != kAnyDevice && device != segment.device) || block->owner_id != 0 ||
+      block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
+      (listener != nullptr && devices[segment.device].routes > 0) || !pool.caches_freed(*block) ||
+      (segment.stream != kDefaultStream && segment.stream != last_known_stream &&
+       !known_streams.contains(segment.stream))) {
+    return false;
+  }
+  live.erase_slot(slot);
+  const std::uint64_t sequence = block->sequence;
+  pool.cache_freed(block);
+  if (observer != nullptr) observer->on_free(sequence);
+  return true;
+}
+
 absl::Status Allocator::Impl::check_device(int device) const {
   if (device < 0 || device >= static_cast<int>(devices.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -319,6 +346,22 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   }
 
   std::lock_guard lock(m.mu);
+  // The steady state: a transient, untagged, ownerless request on a stream
+  // just used, outside captures, with nothing pending, that the default
+  // pool's quick cache serves. (The per-allocation fields were reset when
+  // the block was cached.) Anything else takes the general path below.
+  if (ctx.capture == 0 && (stream == kDefaultStream || stream == m.last_known_stream) &&
+      options.lifetime == Lifetime::kTransient && options.tag.empty() && options.owner.empty() &&
+      m.pending.empty() && m.deferred.empty() &&
+      !m.gone_graphs->any.load(std::memory_order_acquire) &&
+      !m.gone_streams->any.load(std::memory_order_acquire)) {
+    if (Block* block = m.devices[device].default_pool->take_cached(stream, rounded, bytes)) {
+      block->sequence = m.next_sequence++;
+      if (m.observer != nullptr) m.observer->on_allocate(*block);
+      m.live.insert(block->addr, block);
+      return reinterpret_cast<void*>(block->addr);
+    }
+  }
   if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
   if (options.lifetime == Lifetime::kPersistent) {
     if (absl::Status s = m.refuse_persistent(device, stream, bytes, options.tag, ctx); !s.ok()) {
@@ -350,6 +393,7 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {
+  if (impl_->free_cached(ptr, device)) return absl::OkStatus();
   return impl_->deallocate(ptr, device, std::nullopt);
 }
 

@@ -155,6 +155,13 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   ~Impl();
 
   // allocator.cpp
+  // The free of a block that the quick cache of the device's default pool
+  // takes (allocator.cpp; allocate() has the matching allocation path in
+  // line), when none of the conditions the general path handles holds
+  // (capture blocks, blocks used on other streams, owned blocks, a
+  // listener that must hear of the free, reports from other threads).
+  // False: nothing changed; Impl::deallocate decides everything anew.
+  bool free_cached(void* ptr, int device);
   absl::Status check_device(int device) const;
   absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
   // True when `stream` is capturing (or its state cannot be read).

@@ -4,8 +4,10 @@
 // exactly, in address order, linked through `prev`/`next` (physical
 // neighbours). A block is allocated, free (in its pool's FreeIndex) or
 // pending-free (freed by the caller, waiting on events recorded on the other
-// streams it was used on). Two free physical neighbours never coexist: a
-// block that becomes free merges with free neighbours at once.
+// streams it was used on). Two free physical neighbours never coexist unless
+// one of them is in a QuickCache (quick_cache.hpp): a block filed in the
+// FreeIndex has merged with its free neighbours, and a cached one merges
+// when the cache is drained.
 //
 // Block objects come from a BlockArena: a free list over chunks that are
 // never returned, so that splitting and merging allocate no heap memory once
@@ -46,6 +48,7 @@ struct Block {
   BlockState state = BlockState::kFree;
   Lifetime lifetime = Lifetime::kTransient;
   bool in_free_index = false;
+  bool in_quick_cache = false;  // free, unmerged, in its index's QuickCache
   // allocate() returned this block's address since the address last became
   // a block start (split or merge), so a free of it now is a double free;
   // false for a remainder nobody was given.

@@ -49,13 +49,26 @@ class BlockTable {
     ++size_;
   }
 
+  // The slot holding `addr`, or kNoSlot. Valid until the table changes.
+  static constexpr std::size_t kNoSlot = ~std::size_t{0};
+  std::size_t find_slot(std::uintptr_t addr) const {
+    for (std::size_t i = home(addr);; i = (i + 1) & mask_) {
+      if (slots_[i].addr == addr) return i;
+      if (slots_[i].addr == 0) return kNoSlot;
+    }
+  }
+  Block* block_at(std::size_t slot) const { return slots_[slot].block; }
+
   // Removes `addr`; false if it was absent.
   bool erase(std::uintptr_t addr) {
-    std::size_t i = home(addr);
-    for (;; i = (i + 1) & mask_) {
-      if (slots_[i].addr == addr) break;
-      if (slots_[i].addr == 0) return false;
-    }
+    const std::size_t slot = find_slot(addr);
+    if (slot == kNoSlot) return false;
+    erase_slot(slot);
+    return true;
+  }
+
+  // Removes the entry in `slot` (from find_slot, the table unchanged since).
+  void erase_slot(std::size_t i) {
     // Backward-shift deletion: move up every later entry of the run whose
     // home is not in (i, j], so that no probe run has a hole.
     for (std::size_t j = (i + 1) & mask_;; j = (j + 1) & mask_) {
@@ -68,7 +81,6 @@ class BlockTable {
     }
     slots_[i] = Slot{};
     --size_;
-    return true;
   }
 
   void clear() {

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "allocator/block.hpp"
+#include "allocator/quick_cache.hpp"
 
 namespace capalloc::detail {
 
@@ -34,7 +35,11 @@ class FreeIndex {
  public:
   // `granule_shift`: log2 of the allocator's granularity; every size given to
   // the index is a non-zero multiple of the granularity.
-  explicit FreeIndex(unsigned granule_shift) : granule_shift_(granule_shift) {}
+  explicit FreeIndex(unsigned granule_shift) : quick(granule_shift), granule_shift_(granule_shift) {}
+
+  // Recently freed blocks of this (pool, stream, size class) by exact size,
+  // in front of the index (quick_cache.hpp). The Pool decides what goes in.
+  QuickCache quick;
 
   void insert(Block* block);
   void remove(Block* block);

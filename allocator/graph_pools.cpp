@@ -184,9 +184,7 @@ absl::Status Allocator::Impl::release_segments(int device, Pool& pool,
                                                std::optional<detail::SizeClass> only_class) {
   std::vector<detail::SegmentRange> ranges;
   absl::Status first_error;
-  pool.take_free_segments(ranges, [&](const detail::SegmentRange& r) {
-    if (only_stream.has_value() && r.stream != *only_stream) return true;
-    if (only_class.has_value() && r.size_class != *only_class) return true;
+  pool.take_free_segments(ranges, only_stream, only_class, [&](const detail::SegmentRange& r) {
     // A segment that a live graph's record reads or writes stays mapped
     // until that graph is destroyed: a replay would touch unmapped memory.
     if (listener != nullptr && listener->graph_uses(device, MemorySpan{r.base, r.bytes})) {

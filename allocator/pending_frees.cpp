@@ -113,6 +113,16 @@ absl::Status Allocator::Impl::free_block(Block* block) {
   if (block->used_on.empty()) {
     live.erase(block->addr);
     detail::Segment* segment = block->segment;
+    // The common case: a small block of the default pool, of a stream that
+    // lives on, goes to the quick cache for the next request of its size.
+    // Graph pools and capture blocks keep the merging path: their pools go
+    // when their last block does.
+    if (!pool.is_graph_pool() && block->capture == 0 && pool.caches_freed(*block) &&
+        (segment->stream == kDefaultStream || segment->stream == last_known_stream ||
+         known_streams.contains(segment->stream))) {
+      pool.cache_freed(block);
+      return absl::OkStatus();
+    }
     pool.give_back(block);
     // The last block of a destroyed stream's segment: nothing can reuse it.
     if (segment->fully_free() && segment->stream != kDefaultStream &&

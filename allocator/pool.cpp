@@ -13,11 +13,6 @@ namespace {
 constexpr std::size_t kHugeSegmentRounding = std::size_t{2} << 20;
 }  // namespace
 
-void bump(StatCounter& counter, std::int64_t delta) {
-  counter.current += delta;
-  counter.peak = std::max(counter.peak, counter.current);
-}
-
 SizePolicy SizePolicy::from(const AllocatorOptions& options) {
   SizePolicy p;
   p.granularity = options.round_granularity;
@@ -49,11 +44,8 @@ Pool::~Pool() {
 
 FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
-FreeIndex* Pool::find_index(StreamHandle stream, SizeClass size_class) const {
-  // Most requests come from the stream of the previous one: one cached entry
-  // saves the hash lookup.
+FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) const {
   const IndexKey key{stream, size_class};
-  if (last_index_ != nullptr && last_key_ == key) return last_index_;
   auto it = indexes_.find(key);
   if (it == indexes_.end()) return nullptr;
   last_key_ = key;
@@ -89,22 +81,20 @@ void Pool::split(Block* block, std::size_t rounded) {
   file_free(rest);
 }
 
-void Pool::account_allocated(Block* block, std::size_t requested) {
-  block->state = BlockState::kAllocated;
-  block->handed_out = true;
-  block->requested = requested;
-  bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
-  bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));
-  bump(stats_.allocated_blocks, 1);
-  ++stats_.allocations;
-}
-
 Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requested) {
   const SizeClass size_class = policy_.class_of(rounded);
   FreeIndex* index = find_index(stream, size_class);
   if (index == nullptr) return nullptr;
+  if (Block* block = take_cached(stream, rounded, requested)) return block;
   Block* block = index->find(rounded);
-  if (block == nullptr) return nullptr;
+  if (block == nullptr) {
+    // Before the caller reserves a segment: what the quick cache holds,
+    // merged, may serve the request.
+    if (index->quick.empty()) return nullptr;
+    drain_quick(*index);
+    block = index->find(rounded);
+    if (block == nullptr) return nullptr;
+  }
   index->remove(block);
   --stats_.free_blocks;
   free_bytes_ -= static_cast<std::int64_t>(block->size);
@@ -145,11 +135,11 @@ void Pool::mark_pending(Block* block) {
   block->state = BlockState::kPendingFree;
 }
 
-void Pool::give_back(Block* block) {
+void Pool::release_accounting(Block* block) {
   if (block->state == BlockState::kAllocated) {
-    bump(stats_.allocated_bytes, -static_cast<std::int64_t>(block->size));
-    bump(stats_.requested_bytes, -static_cast<std::int64_t>(block->requested));
-    bump(stats_.allocated_blocks, -1);
+    drop(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
+    drop(stats_.requested_bytes, static_cast<std::int64_t>(block->requested));
+    drop(stats_.allocated_blocks, 1);
     ++stats_.frees;
   } else {
     --stats_.pending_free_blocks;
@@ -161,22 +151,66 @@ void Pool::give_back(Block* block) {
   block->owner_id = 0;
   block->capture = 0;
   block->capture_position = 0;
-  FreeIndex& index = index_for(*block->segment);
-  // Merge with free neighbours; the survivor is the lowest-addressed block.
-  if (Block* prev = block->prev; prev != nullptr && prev->is_free()) {
-    index.remove(prev);
+}
+
+void Pool::give_back(Block* block) {
+  release_accounting(block);
+  merge_and_file(block);
+}
+
+bool Pool::caches_freed(const Block& block) const {
+  return block.segment->index->quick.caches(block.size);
+}
+
+void Pool::cache_freed(Block* block) {
+  release_accounting(block);
+  block->state = BlockState::kFree;
+  block->segment->index->quick.push(block);
+  ++stats_.free_blocks;
+  free_bytes_ += static_cast<std::int64_t>(block->size);
+}
+
+void Pool::drain_quick(FreeIndex& index) {
+  index.quick.drain([&](Block* block) {
+    // Counted as free already; merge_and_file counts the survivor again.
     --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(prev->size);
+    free_bytes_ -= static_cast<std::int64_t>(block->size);
+    merge_and_file(block);
+  });
+}
+
+void Pool::drain_quick_caches() {
+  for (auto& [key, index] : indexes_) drain_quick(*index);
+}
+
+void Pool::merge_and_file(Block* block) {
+  FreeIndex& index = index_for(*block->segment);
+  // Merge with free neighbours (filed in the index or cached); the survivor
+  // is the lowest-addressed block.
+  auto unfile = [&](Block* neighbour) {
+    if (neighbour->in_quick_cache) {
+      index.quick.remove(neighbour);
+    } else {
+      index.remove(neighbour);
+    }
+    --stats_.free_blocks;
+    free_bytes_ -= static_cast<std::int64_t>(neighbour->size);
+  };
+  // A cached neighbour may itself border free blocks (cached blocks do not
+  // merge), so merging runs until a non-free block or the segment's end on
+  // each side; each block absorbed is gone, so the work is paid once.
+  while (Block* prev = block->prev) {
+    if (!prev->is_free()) break;
+    unfile(prev);
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
     arena_.recycle(block);
     block = prev;
   }
-  if (Block* next = block->next; next != nullptr && next->is_free()) {
-    index.remove(next);
-    --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(next->size);
+  while (Block* next = block->next) {
+    if (!next->is_free()) break;
+    unfile(next);
     block->size += next->size;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
@@ -186,11 +220,22 @@ void Pool::give_back(Block* block) {
 }
 
 void Pool::take_free_segments(std::vector<SegmentRange>& out,
+                              std::optional<StreamHandle> only_stream,
+                              std::optional<SizeClass> only_class,
                               const std::function<bool(const SegmentRange&)>& keep_segment) {
+  // A segment whose blocks are all free but some cached is fully free once
+  // the caches are merged: those of the indexes concerned are.
+  for (auto& [key, index] : indexes_) {
+    if ((!only_stream || key.stream == *only_stream) &&
+        (!only_class || key.size_class == *only_class)) {
+      drain_quick(*index);
+    }
+  }
   auto keep = segments_.begin();
   for (auto it = segments_.begin(); it != segments_.end(); ++it) {
     Segment& segment = **it;
-    if (!segment.fully_free() ||
+    if (!segment.fully_free() || (only_stream && segment.stream != *only_stream) ||
+        (only_class && segment.size_class != *only_class) ||
         keep_segment({reinterpret_cast<void*>(segment.base), segment.size, segment.stream,
                       segment.size_class})) {
       if (keep != it) *keep = std::move(*it);
@@ -246,20 +291,23 @@ absl::Status Pool::check_invariants() const {
       }
       expected += b->size;
       if (b->is_free()) {
-        if (prev != nullptr && prev->is_free()) {
+        if (prev != nullptr && prev->is_free() && !prev->in_quick_cache && !b->in_quick_cache) {
           return absl::InternalError(
               absl::StrFormat("free blocks 0x%x and 0x%x are adjacent and unmerged", prev->addr,
                               b->addr));
         }
         FreeIndex* index = find_index(segment->stream, segment->size_class);
-        if (!b->in_free_index || index == nullptr || !index->contains(b)) {
+        const bool filed = index != nullptr && (b->in_quick_cache
+                                                    ? !b->in_free_index && index->quick.contains(b)
+                                                    : b->in_free_index && index->contains(b));
+        if (!filed) {
           return absl::InternalError(
               absl::StrFormat("free block 0x%x is missing from its free index", b->addr));
         }
         ++free_blocks;
         free_bytes += static_cast<std::int64_t>(b->size);
       } else {
-        if (b->in_free_index) {
+        if (b->in_free_index || b->in_quick_cache) {
           return absl::InternalError(
               absl::StrFormat("block 0x%x is in use but filed as free", b->addr));
         }
@@ -279,7 +327,7 @@ absl::Status Pool::check_invariants() const {
     }
   }
   std::size_t indexed = 0;
-  for (const auto& [key, index] : indexes_) indexed += index->count();
+  for (const auto& [key, index] : indexes_) indexed += index->count() + index->quick.count();
   if (indexed != static_cast<std::size_t>(free_blocks)) {
     return absl::InternalError(absl::StrFormat(
         "free indexes hold %d blocks, the segments have %d free blocks", indexed, free_blocks));

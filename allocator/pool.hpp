@@ -10,13 +10,16 @@
 //
 // Invariants (checked by check_invariants):
 //  - each segment's blocks tile it exactly, in address order;
-//  - no two physically adjacent blocks are both free;
-//  - a block is in a FreeIndex iff it is free, in the index of its segment's
-//    (stream, size class), exactly once;
+//  - no two physically adjacent blocks are both free unless one of them is
+//    in a quick cache;
+//  - a block is filed iff it is free: in the FreeIndex of its segment's
+//    (stream, size class), or in that index's QuickCache, exactly once;
 //  - the counters equal the sums recomputed from the blocks.
 //
-// Cost: take() is O(1) (FreeIndex::find plus at most one split); give_back()
-// is O(1) (at most two merges).
+// Cost: take() is O(1) (a quick-cache pop, or FreeIndex::find plus at most
+// one split; a drain of the quick cache first when the index cannot serve,
+// O(1) amortized per cached free); give_back() is O(1) (at most two merges);
+// cache_freed() is O(1) (a list push).
 #ifndef CAPALLOC_ALLOCATOR_POOL_HPP_
 #define CAPALLOC_ALLOCATOR_POOL_HPP_
 
@@ -24,6 +27,7 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +39,14 @@
 #include "capalloc/allocator.hpp"
 
 namespace capalloc::detail {
+
+// Adds `delta` to a counter and raises its peak; drop() subtracts (a peak
+// never moves down).
+inline void bump(StatCounter& counter, std::int64_t delta) {
+  counter.current += delta;
+  if (counter.current > counter.peak) counter.peak = counter.current;
+}
+inline void drop(StatCounter& counter, std::int64_t delta) { counter.current -= delta; }
 
 // Which segments serve a request, and how big a new segment is.
 struct SizePolicy {
@@ -101,18 +113,43 @@ class Pool {
   // off the remainder; nullptr when no cached block fits. The block comes
   // back allocated, with its size and accounting set.
   Block* take(StreamHandle stream, std::size_t rounded, std::size_t requested);
+  // take() when the quick cache of the (stream, size class) has a block of
+  // the request's class; else nullptr, and nothing changed. Inline: the
+  // Allocator's steady-state path.
+  Block* take_cached(StreamHandle stream, std::size_t rounded, std::size_t requested) {
+    FreeIndex* index = find_index(stream, policy_.class_of(rounded));
+    if (index == nullptr || !index->quick.caches(rounded)) return nullptr;
+    Block* block = index->quick.pop(rounded);
+    if (block == nullptr) return nullptr;
+    --stats_.free_blocks;
+    free_bytes_ -= static_cast<std::int64_t>(block->size);
+    account_allocated(block, requested);
+    return block;
+  }
   // Adds a fresh segment owned by `stream` and serves the request from it.
   Block* take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
                                std::size_t rounded, std::size_t requested);
   // Frees an allocated or pending-free block: merges and files it.
   void give_back(Block* block);
+  // Whether cache_freed may take `block` (its size is one the quick cache
+  // of its segment's index keeps).
+  bool caches_freed(const Block& block) const;
+  // Frees an allocated block into its index's quick cache, unmerged
+  // (quick_cache.hpp). Precondition: caches_freed(*block).
+  void cache_freed(Block* block);
+  // Merges every quick-cached block into the free indexes: before anything
+  // that needs whole free segments (take_free_segments does it itself).
+  void drain_quick_caches();
   // An allocated block becomes pending-free (out of the allocated counters).
   void mark_pending(Block* block);
 
-  // Removes the fully free segments for which `keep` is false and appends
-  // their ranges to `out`, for the caller to release. Free indexes that no
-  // segment files into any more go too (a destroyed stream's, for one).
-  void take_free_segments(std::vector<SegmentRange>& out,
+  // Removes the fully free segments (of `only_stream` and `only_class`,
+  // when given) for which `keep` is false and appends their ranges to
+  // `out`, for the caller to release; the quick caches of those segments'
+  // indexes are drained first. Free indexes that no segment files into any
+  // more go too (a destroyed stream's, for one).
+  void take_free_segments(std::vector<SegmentRange>& out, std::optional<StreamHandle> only_stream,
+                          std::optional<SizeClass> only_class,
                           const std::function<bool(const SegmentRange&)>& keep);
 
   const std::vector<std::unique_ptr<Segment>>& segments() const { return segments_; }
@@ -133,12 +170,33 @@ class Pool {
     }
   };
   FreeIndex& index_for(const Segment& segment);
-  FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const;
+  FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const {
+    // Most requests come from the stream of the previous one: one cached
+    // entry saves the hash lookup.
+    if (last_index_ != nullptr && last_key_ == IndexKey{stream, size_class}) return last_index_;
+    return find_index_slow(stream, size_class);
+  }
+  FreeIndex* find_index_slow(StreamHandle stream, SizeClass size_class) const;
   FreeIndex* make_index(StreamHandle stream, SizeClass size_class);
   // Splits `block` (free, out of the index) so that it is `rounded` bytes;
   // the remainder is filed as a free block.
   void split(Block* block, std::size_t rounded);
-  void account_allocated(Block* block, std::size_t requested);
+  void account_allocated(Block* block, std::size_t requested) {
+    block->state = BlockState::kAllocated;
+    block->handed_out = true;
+    block->requested = requested;
+    bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
+    bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));
+    bump(stats_.allocated_blocks, 1);
+    ++stats_.allocations;
+  }
+  // The allocated or pending counters of a block being freed, and its
+  // per-allocation fields reset.
+  void release_accounting(Block* block);
+  // Merges a free block (counted as free, filed nowhere) with its free
+  // neighbours and files the result in its index.
+  void merge_and_file(Block* block);
+  void drain_quick(FreeIndex& index);
   void file_free(Block* block);
   void drop_unused_indexes();
 
@@ -154,7 +212,6 @@ class Pool {
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
 };
 
-void bump(StatCounter& counter, std::int64_t delta);
 
 }  // namespace capalloc::detail
 

@@ -5,6 +5,7 @@
 // no C++ exception (std::bad_alloc from a container, say) crosses into C.
 // Strings handed back (findings as JSON) live in another thread-local string,
 // valid until the thread's next call that returns one.
+#include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -77,7 +78,7 @@ namespace {
 
 using capalloc::detail::with_global;
 
-capalloc_status report(const absl::Status& status) {
+[[gnu::always_inline]] inline capalloc_status report(const absl::Status& status) {
   return capalloc::detail::report_c_status(status);
 }
 
@@ -86,6 +87,12 @@ capalloc_status with_allocator(Body&& body) noexcept {
   return with_global(
       [&](const capalloc::detail::GlobalCapalloc& g) { return body(*g.allocator); });
 }
+
+// The process-wide allocator, once capalloc_torch_malloc has found it usable
+// for PyTorch's tensors (a GPU runtime, or host memory asked for on
+// purpose); null before. The allocator is never destroyed, so the torch
+// entry points use it without going through global_capalloc() again.
+std::atomic<capalloc::Allocator*> torch_allocator{nullptr};
 
 capalloc::StreamHandle as_stream(void* stream) {
   return reinterpret_cast<capalloc::StreamHandle>(stream);
@@ -351,26 +358,38 @@ capalloc_status capalloc_release_persistent(int device, const char* key) {
 void* capalloc_torch_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
   void* out = nullptr;
-  const capalloc_status status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
-    if (!g.host_fallback_reason.empty()) {
-      // Never host memory for PyTorch's device tensors: a clear error now,
-      // not a crash in a kernel later.
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the PyTorch entry points need a GPU runtime, and none could be had (",
-          g.host_fallback_reason,
-          "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
-          "on purpose"));
-    }
-    // A capture that a PyTorch pool's filter accepts allocates into that
-    // pool (capalloc_torch_begin_allocate_to_pool).
-    if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
-      return s;
-    }
-    auto p = g.allocator->allocate(size, device, as_stream(stream));
+  auto allocate = [&](capalloc::Allocator& a) -> absl::Status {
+    auto p = a.allocate(size, device, as_stream(stream));
     if (!p.ok()) return p.status();
     out = *p;
     return absl::OkStatus();
-  });
+  };
+  capalloc_status status;
+  capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
+  if (known != nullptr && capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) {
+    // The steady state: the allocator is known usable and no PyTorch pool
+    // begin is underway (nothing to route).
+    status = report(capalloc::detail::guarded("capalloc", [&] { return allocate(*known); }));
+  } else {
+    status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+      if (!g.host_fallback_reason.empty()) {
+        // Never host memory for PyTorch's device tensors: a clear error now,
+        // not a crash in a kernel later.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the PyTorch entry points need a GPU runtime, and none could be had (",
+            g.host_fallback_reason,
+            "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
+            "on purpose"));
+      }
+      torch_allocator.store(g.allocator, std::memory_order_release);
+      // A capture that a PyTorch pool's filter accepts allocates into that
+      // pool (capalloc_torch_begin_allocate_to_pool).
+      if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
+        return s;
+      }
+      return allocate(*g.allocator);
+    });
+  }
   if (status != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
                                   last_error);
@@ -383,8 +402,11 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   (void)size;
   (void)stream;  // the block remembers its stream; frees are ordered on it
   if (ptr == nullptr) return;
-  const capalloc_status status = with_allocator(
-      [&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
+  capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
+  const capalloc_status status =
+      known != nullptr
+          ? report(capalloc::detail::guarded("capalloc", [&] { return known->deallocate(ptr, device); }))
+          : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
   if (status != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_free({}, device {}): {}", ptr, device,
                                   last_error);

@@ -29,7 +29,7 @@ void clear_c_error();
 
 // Keeps the status's message as the calling thread's last error ("" when
 // ok) and returns its code.
-inline capalloc_status report_c_status(const absl::Status& status) {
+[[gnu::always_inline]] inline capalloc_status report_c_status(const absl::Status& status) {
   if (status.ok()) {
     if (c_error_set) clear_c_error();
     return CAPALLOC_OK;

@@ -1,0 +1,162 @@
+// The quick cache of freed small blocks (allocator/quick_cache.hpp) through
+// the Allocator: a freed block serves the next request of its size class,
+// cached blocks never make the allocator reserve a segment they could have
+// served merged, and everything that needs whole free segments sees through
+// the cache. Every case ends with CheckInvariants.
+#include <random>
+#include <vector>
+
+#include "allocator/quick_cache.hpp"
+#include "test_support.hpp"
+
+using namespace capalloc;
+using capalloc::testing::host_runtime;
+using capalloc::testing::make_allocator;
+
+TEST_CASE("quick cache: a freed small block serves the next request of its class",
+          "[quick_cache]") {
+  auto alloc = make_allocator(host_runtime());
+  auto a = alloc->allocate(40 << 10);
+  REQUIRE_OK(a);
+  REQUIRE_OK(alloc->deallocate(*a));
+  // 39.5 KiB is in the class above 39 KiB's; the 40 KiB block (the
+  // smallest size of its class) fits it: same address, no split.
+  auto b = alloc->allocate((39 << 10) + 512);
+  REQUIRE_OK(b);
+  CHECK(*b == *a);
+  auto info = alloc->block_info(*b);
+  REQUIRE_OK(info);
+  CHECK(info->size == std::size_t{40} << 10);
+  CHECK(info->requested == (std::size_t{39} << 10) + 512);
+  REQUIRE_OK(alloc->deallocate(*b));
+  // A double free of a cached block is still a double free.
+  CHECK(alloc->deallocate(*b).code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("quick cache: cached blocks are merged before a new segment is reserved",
+          "[quick_cache]") {
+  auto alloc = make_allocator(host_runtime());
+  // Fill one small segment (2 MiB) with 64 KiB blocks, then free them all:
+  // every one goes to the cache, unmerged.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 32; ++i) {
+    auto p = alloc->allocate(64 << 10);
+    REQUIRE_OK(p);
+    blocks.push_back(*p);
+  }
+  const auto before = alloc->stats(0);
+  REQUIRE_OK(before);
+  REQUIRE(before->segments.current == 1);
+  for (void* p : blocks) REQUIRE_OK(alloc->deallocate(p));
+  CHECK(alloc->stats(0)->free_blocks == 32);
+  REQUIRE_OK(alloc->CheckInvariants());
+  // 1 MiB fits only in the blocks merged: no second segment.
+  auto big = alloc->allocate(1 << 20);
+  REQUIRE_OK(big);
+  CHECK(alloc->stats(0)->segments.current == 1);
+  CHECK(alloc->stats(0)->reserved_bytes.peak == before->reserved_bytes.peak);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->deallocate(*big));
+}
+
+TEST_CASE("quick cache: empty_cache gives back a segment whose blocks are all cached",
+          "[quick_cache]") {
+  auto alloc = make_allocator(host_runtime());
+  std::vector<void*> blocks;
+  for (int i = 0; i < 10; ++i) {
+    auto p = alloc->allocate((1 + i) << 10);
+    REQUIRE_OK(p);
+    blocks.push_back(*p);
+  }
+  for (void* p : blocks) REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE(alloc->stats(0)->reserved_bytes.current > 0);
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  CHECK(alloc->stats(0)->free_blocks == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("quick cache: a merge runs through cached neighbours to every free block beyond",
+          "[quick_cache]") {
+  // Blocks A B C D E in address order. C goes to the cache; B and D are
+  // freed, cached too; a large request drains them into one free run with
+  // the segment's tail; A and E are then freed through the merging path.
+  auto alloc = make_allocator(host_runtime());
+  std::vector<void*> p;
+  for (int i = 0; i < 5; ++i) {
+    auto q = alloc->allocate(256 << 10);  // too big to cache: merges at once
+    REQUIRE_OK(q);
+    p.push_back(*q);
+  }
+  std::vector<void*> small;
+  for (int i = 0; i < 5; ++i) {
+    auto q = alloc->allocate(8 << 10);
+    REQUIRE_OK(q);
+    small.push_back(*q);
+  }
+  // Cache small[1] and small[3], merge-free big block 2 between nothing
+  // cached, then free the rest in an order that puts cached blocks between
+  // free ones.
+  REQUIRE_OK(alloc->deallocate(small[1]));
+  REQUIRE_OK(alloc->deallocate(small[3]));
+  REQUIRE_OK(alloc->deallocate(small[2]));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->deallocate(p[4]));
+  REQUIRE_OK(alloc->deallocate(small[0]));
+  REQUIRE_OK(alloc->deallocate(small[4]));
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (int i = 0; i < 4; ++i) REQUIRE_OK(alloc->deallocate(p[i]));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+}
+
+TEST_CASE("quick cache: random small churn on two streams keeps every invariant",
+          "[quick_cache]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  auto side = rt->create_stream(0);
+  REQUIRE_OK(side);
+  std::mt19937_64 rng(7);
+  std::vector<std::pair<void*, StreamHandle>> live;
+  for (int i = 0; i < 20000; ++i) {
+    if (live.empty() || rng() % 2 == 0) {
+      const std::size_t size = 1 + rng() % (300 << 10);  // around the cached limit
+      const StreamHandle stream = rng() % 3 == 0 ? *side : kDefaultStream;
+      auto p = alloc->allocate(size, 0, stream);
+      REQUIRE_OK(p);
+      live.emplace_back(*p, stream);
+    } else {
+      const std::size_t k = rng() % live.size();
+      REQUIRE_OK(alloc->deallocate(live[k].first));
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (i % 997 == 0) REQUIRE_OK(alloc->CheckInvariants());
+  }
+  for (auto& [p, s] : live) REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  REQUIRE_OK(rt->destroy_stream(*side));
+}
+
+TEST_CASE("quick cache: a request is served only by a class whose every block fits it",
+          "[quick_cache]") {
+  capalloc::detail::QuickCache cache(9);
+  std::vector<capalloc::detail::Block> blocks(600);
+  std::mt19937_64 rng(11);
+  for (auto& b : blocks) {
+    b.size = (1 + rng() % 511) * 512;
+    if (cache.caches(b.size)) cache.push(&b);
+  }
+  for (int i = 0; i < 20000; ++i) {
+    const std::size_t want = (1 + rng() % 520) * 512;
+    capalloc::detail::Block* got = cache.caches(want) ? cache.pop(want) : nullptr;
+    if (got == nullptr) continue;
+    CHECK(got->size >= want);
+    CHECK(got->size <= want + want / 8);  // the class above the request at most
+    cache.push(got);
+  }
+}
