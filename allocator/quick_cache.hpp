@@ -8,7 +8,7 @@
 // that size left costs a few dozen. tcmalloc's and mimalloc's free lists
 // rest on the same observation.
 //
-// What it costs in memory: nothing at peak. A cached block is free (counted
+// What it costs in memory: little at peak (see Pool::caches_freed for the cap). A cached block is free (counted
 // in the pool's free blocks and bytes) but not merged with its free
 // neighbours, so it serves only its own size. When the FreeIndex cannot
 // serve a request, the Pool drains the cache of that (stream, class) into
@@ -24,7 +24,7 @@
 // freed block of a class is reused first and a merge can unlink a cached
 // neighbour in O(1). A block is filed under the class its size falls in; a
 // request pops from the lowest class whose every block fits it, so a hit
-// hands out at most 1/16 more than asked (kept inside the block, as a split
+// hands out at most 1/8 more than asked (kept inside the block, as a split
 // keeps a remainder under one granule), and serves sizes that differ by a
 // few granules, as a steady state of varying sizes asks.
 #ifndef CAPALLOC_ALLOCATOR_QUICK_CACHE_HPP_
@@ -82,6 +82,7 @@ class QuickCache {
     head = block;
     block->in_quick_cache = true;
     ++count_;
+    bytes_ += block->size;
   }
 
   // Unlinks a cached block (a neighbour that a merge absorbs).
@@ -96,6 +97,7 @@ class QuickCache {
     block->free_prev = block->free_next = nullptr;
     block->in_quick_cache = false;
     --count_;
+    bytes_ -= block->size;
   }
 
   // Unlinks every cached block and hands it to `take` (smallest sizes first).
@@ -109,6 +111,7 @@ class QuickCache {
   }
 
   std::size_t count() const { return count_; }
+  std::size_t bytes() const { return bytes_; }
   bool empty() const { return count_ == 0; }
   // True when `block` is linked in its size's list. For invariant checks.
   bool contains(const Block* block) const {
@@ -141,11 +144,13 @@ class QuickCache {
     b->free_next = nullptr;
     b->in_quick_cache = false;
     --count_;
+    bytes_ -= b->size;
     return b;
   }
 
   unsigned granule_shift_;
   std::size_t count_ = 0;
+  std::size_t bytes_ = 0;
   std::array<Block*, kBins> heads_{};
 };
 
