@@ -255,9 +255,12 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   void teardown() {
     {
       // What the hooks release goes to the queue before it stops (or, after
-      // an earlier teardown, runs at once once its stream's work is done).
+      // an earlier teardown, runs at once once its stream's work is done,
+      // on this thread: a deleter calling drain() from there is refused).
       std::lock_guard hooks_lock(hooks_mu);
+      const std::thread::id before = tearing_down_on.exchange(std::this_thread::get_id());
       for (auto& [id, hook] : teardown_hooks) hook();
+      tearing_down_on = before;
     }
     // One teardown at a time: a second caller (drain() racing the
     // destructor or another drain()) waits for the first, then finds it done.
