@@ -190,6 +190,16 @@ absl::Status pop_tag_scope() {
   return absl::OkStatus();
 }
 
+void set_tag_scope(std::optional<std::string_view> tag, std::string_view location) {
+  ScopeStack& s = scope_stack;
+  if (!tag.has_value()) {
+    s.depth = 0;
+    return;
+  }
+  s.scopes[0] = TagScope{intern_id(*tag), location_site(location)};
+  s.depth = 1;
+}
+
 const TagScope* current_tag_scope() {
   const ScopeStack& s = scope_stack;
   return s.depth == 0 ? nullptr : &s.scopes[s.depth - 1];

@@ -19,6 +19,7 @@
 #define CAPALLOC_ALLOCATOR_ALLOCATION_SITES_HPP_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,11 @@ struct TagScope {
 };
 absl::Status push_tag_scope(std::string_view tag, std::string_view location);
 absl::Status pop_tag_scope();
+// Replaces the calling thread's scopes with one (`tag`, `location`), or with
+// none when `tag` is empty (nullopt): for a caller that keeps the scope
+// stack itself (Python's, per asyncio task and context) and tells the
+// thread which scope is current.
+void set_tag_scope(std::optional<std::string_view> tag, std::string_view location);
 // The calling thread's innermost scope, or null.
 const TagScope* current_tag_scope();
 

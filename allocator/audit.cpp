@@ -15,6 +15,7 @@
 #include "allocator/trace_hooks.hpp"
 #include "capalloc/audit.hpp"
 #include "common/interned_strings.hpp"
+#include "common/log.hpp"
 #include "nlohmann/json.hpp"
 
 namespace capalloc {
@@ -34,7 +35,15 @@ absl::Status Allocator::Impl::start_observing(const AllocatorOptions& from) {
   if (from.record_stacks) observe().record_stacks = true;
   if (from.trace_path.empty()) return absl::OkStatus();
   auto trace = detail::EventTrace::open(from.trace_path, static_cast<int>(devices.size()));
-  if (!trace.ok()) return trace.status();
+  if (!trace.ok()) {
+    // A trace is an observation, not the allocator's work: an allocator
+    // that cannot write it still allocates. Said once, here; trace_path()
+    // stays empty, and an explicit start_trace() returns the error.
+    detail::log().error("{}; the allocator runs without an event trace (trace_path or "
+                        "CAPALLOC_TRACE)",
+                        std::string(trace.status().message()));
+    return absl::OkStatus();
+  }
   observe().trace = *std::move(trace);
   return absl::OkStatus();
 }
@@ -165,8 +174,8 @@ absl::Status Allocator::start_trace(std::string_view path) {
   std::sort(live.begin(), live.end(),
             [](const Block* a, const Block* b) { return a->sequence < b->sequence; });
   for (const Block* b : live) {
-    (*trace)->alloc(b->sequence, b->requested, b->segment->stream, b->segment->device, b->tag_id,
-                    b->lifetime, b->addr);
+    (*trace)->live_block(b->sequence, b->requested, b->segment->stream, b->segment->device,
+                         b->tag_id, b->lifetime, b->addr);
   }
   m.observe().trace = *std::move(trace);
   return absl::OkStatus();

@@ -55,16 +55,16 @@ absl::StatusOr<std::unique_ptr<EventTrace>> EventTrace::open(std::string_view pa
                                                             int devices) {
   if (path_in.empty()) return absl::InvalidArgumentError("start_trace: the trace path is empty");
   std::string path(path_in);
-  {
-    OpenedPaths& opened = opened_paths();
-    std::lock_guard lock(opened.mu);
-    const int n = ++opened.count[path];
-    if (n > 1) absl::StrAppend(&path, ".", n);
-  }
+  OpenedPaths& opened = opened_paths();
+  std::lock_guard lock(opened.mu);  // held until the file exists: one suffix per trace
+  const int n = ++opened.count[std::string(path_in)];
+  if (n > 1) absl::StrAppend(&path, ".", n);
   std::FILE* file = std::fopen(path.c_str(), "w");
   if (file == nullptr) {
+    const int error = errno;
+    --opened.count[std::string(path_in)];  // nothing was opened: no suffix taken
     return absl::InvalidArgumentError(absl::StrFormat(
-        "start_trace: cannot create the trace file '%s': %s", path, std::strerror(errno)));
+        "start_trace: cannot create the trace file '%s': %s", path, std::strerror(error)));
   }
   std::fprintf(file, "{\"format\": \"capalloc.trace/1\", \"source\": \"capalloc\", \"devices\": %d}\n",
                devices);
@@ -126,47 +126,56 @@ void EventTrace::append_locked(const TraceRecord& r) {
   }
 }
 
-void EventTrace::alloc(std::uint64_t id, std::size_t requested, StreamHandle stream, int device,
-                       std::uint32_t tag_id, Lifetime lifetime, std::uintptr_t addr) {
+TraceRecord EventTrace::record(TraceOp op, std::uint64_t id) const {
   TraceRecord r;
   r.t = now();
-  r.op = TraceOp::kAlloc;
+  r.op = op;
   r.id = id;
+  return r;
+}
+
+void EventTrace::append(const TraceRecord& r) {
+  std::lock_guard lock(mu_);
+  append_locked(r);
+}
+
+TraceRecord EventTrace::alloc_record(std::uint64_t id, std::size_t requested,
+                                     StreamHandle stream, int device, std::uint32_t tag_id,
+                                     Lifetime lifetime, std::uintptr_t addr) const {
+  TraceRecord r = record(TraceOp::kAlloc, id);
   r.size = requested;
   r.stream = stream;
   r.device = device;
   r.text = tag_id;
   r.persistent = lifetime == Lifetime::kPersistent;
   r.addr = addr;
-  std::lock_guard lock(mu_);
-  append_locked(r);
+  return r;
 }
 
-void EventTrace::free(std::uint64_t id) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kFree;
-  r.id = id;
-  std::lock_guard lock(mu_);
-  append_locked(r);
+void EventTrace::alloc(std::uint64_t id, std::size_t requested, StreamHandle stream, int device,
+                       std::uint32_t tag_id, Lifetime lifetime, std::uintptr_t addr) {
+  append(alloc_record(id, requested, stream, device, tag_id, lifetime, addr));
 }
+
+void EventTrace::live_block(std::uint64_t id, std::size_t requested, StreamHandle stream,
+                            int device, std::uint32_t tag_id, Lifetime lifetime,
+                            std::uintptr_t addr) {
+  TraceRecord r = alloc_record(id, requested, stream, device, tag_id, lifetime, addr);
+  r.t = 0;  // the preamble: the state at the trace's start
+  append(r);
+}
+
+void EventTrace::free(std::uint64_t id) { append(record(TraceOp::kFree, id)); }
 
 void EventTrace::record_stream(std::uint64_t id, StreamHandle stream) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kRecordStream;
-  r.id = id;
+  TraceRecord r = record(TraceOp::kRecordStream, id);
   r.stream = stream;
-  std::lock_guard lock(mu_);
-  append_locked(r);
+  append(r);
 }
 
 void EventTrace::capture_begin(CaptureId capture, StreamHandle stream, PoolHandle pool, int device,
                                std::string_view label) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kCaptureBegin;
-  r.id = capture;
+  TraceRecord r = record(TraceOp::kCaptureBegin, capture);
   r.stream = stream;
   r.extra = pool;
   r.device = device;
@@ -181,65 +190,38 @@ bool EventTrace::capture_begun(CaptureId capture) const {
   return captures_.contains(capture);
 }
 
-namespace {
-TraceRecord capture_record(TraceOp op, CaptureId capture, std::uint64_t t) {
-  TraceRecord r;
-  r.t = t;
-  r.op = op;
-  r.id = capture;
-  return r;
-}
-}  // namespace
-
-void EventTrace::capture_end(CaptureId capture) {
-  const TraceRecord r = capture_record(TraceOp::kCaptureEnd, capture, now());
+void EventTrace::capture_event(TraceOp op, CaptureId capture) {
+  const TraceRecord r = record(op, capture);
   std::lock_guard lock(mu_);
   if (captures_.contains(capture)) append_locked(r);
 }
 
-void EventTrace::replay(CaptureId capture) {
-  const TraceRecord r = capture_record(TraceOp::kReplay, capture, now());
-  std::lock_guard lock(mu_);
-  if (captures_.contains(capture)) append_locked(r);
-}
-
+void EventTrace::capture_end(CaptureId capture) { capture_event(TraceOp::kCaptureEnd, capture); }
+void EventTrace::replay(CaptureId capture) { capture_event(TraceOp::kReplay, capture); }
 void EventTrace::graph_destroy(CaptureId capture) {
-  const TraceRecord r = capture_record(TraceOp::kGraphDestroy, capture, now());
-  std::lock_guard lock(mu_);
-  if (captures_.contains(capture)) append_locked(r);
+  capture_event(TraceOp::kGraphDestroy, capture);
 }
 
 void EventTrace::release(std::uint64_t id, std::uintptr_t addr, StreamHandle stream) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kRelease;
-  r.id = id;
+  TraceRecord r = record(TraceOp::kRelease, id);
   r.addr = addr;
   r.stream = stream;
-  std::lock_guard lock(mu_);
-  append_locked(r);
+  append(r);
 }
 
 void EventTrace::release_done(std::uint64_t id, std::uintptr_t addr) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kReleaseDone;
-  r.id = id;
+  TraceRecord r = record(TraceOp::kReleaseDone, id);
   r.addr = addr;
-  std::lock_guard lock(mu_);
-  append_locked(r);
+  append(r);
 }
 
 void EventTrace::finding(std::string_view severity, std::uintptr_t addr, std::size_t size,
                          std::uint64_t graph, std::uint64_t victim, std::uint32_t victim_tag,
                          std::string message) {
-  TraceRecord r;
-  r.t = now();
-  r.op = TraceOp::kFinding;
+  TraceRecord r = record(TraceOp::kFinding, victim);
   r.addr = addr;
   r.size = size;
   r.extra = graph;
-  r.id = victim;
   r.stream = victim_tag;
   r.severity = intern_id(severity);
   std::lock_guard lock(mu_);
@@ -322,9 +304,11 @@ void EventTrace::write_buffer(const Buffer& b) {
         break;
       case TraceOp::kRelease:
       case TraceOp::kReleaseDone:
+        // A release names its block, or the first memory span it names, or
+        // (a release of no memory) neither.
         if (r.id != 0) {
           absl::StrAppend(&line_, ", \"id\": ", r.id);
-        } else {
+        } else if (r.addr != 0) {
           absl::StrAppend(&line_, ", \"addr\": \"0x", absl::Hex(r.addr), "\"");
         }
         if (r.op == TraceOp::kRelease) absl::StrAppend(&line_, ", \"stream\": ", r.stream);

@@ -88,6 +88,9 @@ class EventTrace {
 
   void alloc(std::uint64_t id, std::size_t requested, StreamHandle stream, int device,
              std::uint32_t tag_id, Lifetime lifetime, std::uintptr_t addr);
+  // A block live when the trace started, at `t` 0 (the trace's preamble).
+  void live_block(std::uint64_t id, std::size_t requested, StreamHandle stream, int device,
+                  std::uint32_t tag_id, Lifetime lifetime, std::uintptr_t addr);
   void free(std::uint64_t id);
   void record_stream(std::uint64_t id, StreamHandle stream);
   // Capture events. A capture is begun once (a second begin is ignored), and
@@ -115,6 +118,15 @@ class EventTrace {
   };
   EventTrace(std::string path, std::FILE* file);
   std::uint64_t now() const;
+  // A record of `op` at now().
+  TraceRecord record(TraceOp op, std::uint64_t id) const;
+  TraceRecord alloc_record(std::uint64_t id, std::size_t requested, StreamHandle stream,
+                           int device, std::uint32_t tag_id, Lifetime lifetime,
+                           std::uintptr_t addr) const;
+  // Appends under mu_.
+  void append(const TraceRecord& r);
+  // capture_end, replay, graph_destroy: only of a capture begun in the trace.
+  void capture_event(TraceOp op, CaptureId capture);
   // Requires mu_.
   void append_locked(const TraceRecord& r);
   Buffer take_spare_locked();

@@ -2,6 +2,7 @@
 // live_since, tag scopes, stacks) and of the event trace, over the
 // process-wide capalloc (global.hpp). JSON answers live in the calling
 // thread's JSON slot, as capalloc_snapshot's do.
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -45,8 +46,12 @@ capalloc_status capalloc_live_since(uint64_t checkpoint, const char** json) {
 }
 
 capalloc_status capalloc_set_record_stacks(int record) {
+  if (record != 0 && record != 1) {
+    return capalloc::detail::report_c_status(absl::InvalidArgumentError(absl::StrCat(
+        "capalloc_set_record_stacks: record is ", record, "; it must be 0 (off) or 1 (on)")));
+  }
   return with_global([&](const GlobalCapalloc& g) {
-    g.allocator->set_record_stacks(record != 0);
+    g.allocator->set_record_stacks(record == 1);
     return absl::OkStatus();
   });
 }
@@ -68,6 +73,18 @@ capalloc_status capalloc_push_tag(const char* tag, const char* site) {
 
 capalloc_status capalloc_pop_tag(void) {
   return with_global([](const GlobalCapalloc&) { return capalloc::detail::pop_tag_scope(); });
+}
+
+capalloc_status capalloc_set_tag(const char* tag, const char* site) {
+  return with_global([&](const GlobalCapalloc& g) -> absl::Status {
+    if (tag == nullptr) {
+      capalloc::detail::set_tag_scope(std::nullopt, "");
+      return absl::OkStatus();
+    }
+    capalloc::detail::set_tag_scope(tag, site == nullptr ? "" : site);
+    capalloc::detail::enable_tag_scopes(*g.allocator);
+    return absl::OkStatus();
+  });
 }
 
 capalloc_status capalloc_trace_start(const char* path) {

@@ -6,7 +6,8 @@
 // record holds a release of memory it uses), and, like the allocator behind
 // them, never destroyed: host applications free from static destructors.
 // Instead, teardown is an exit handler registered when they are made, which
-// drains the queue (every pending release runs, after its stream's work);
+// drains the queue (every DLPack tensor still imported is released, and
+// every pending release runs, after its stream's work);
 // capalloc_release_drain does the same earlier, as the Python package does
 // at interpreter exit, before a Python callback could no longer run.
 #include <cstdlib>

@@ -121,28 +121,55 @@ struct Imported {
 
 struct CAPALLOC_INTERNAL DlpackImports::Impl {
   ReleaseQueue* queue = nullptr;
+  std::uint64_t hook = 0;  // the queue's teardown hook
   mutable std::mutex mu;
   absl::flat_hash_map<DLManagedTensor*, Imported> imported;  // guarded by mu
+  std::uint64_t released_at_teardown = 0;                    // guarded by mu
 };
 
 DlpackImports::DlpackImports(ReleaseQueue& queue) : impl_(std::make_unique<Impl>()) {
   impl_->queue = &queue;
+  impl_->hook = queue.add_teardown_hook([this] { release_all_at_teardown(); });
 }
 
 DlpackImports::~DlpackImports() {
+  impl_->queue->remove_teardown_hook(impl_->hook);
+  release_all_at_teardown();
+}
+
+std::size_t DlpackImports::release_all_at_teardown() {
   std::vector<DLManagedTensor*> left;
   {
     std::lock_guard lock(impl_->mu);
     for (const auto& [tensor, entry] : impl_->imported) left.push_back(tensor);
   }
+  std::size_t released = 0;
   for (DLManagedTensor* tensor : left) {
-    if (absl::Status released = release(tensor); !released.ok()) {
+    if (absl::Status s = release(tensor); s.ok()) {
+      ++released;
+    } else if (s.code() != absl::StatusCode::kNotFound) {  // kNotFound: released meanwhile
       detail::log().error(
           "dlpack imports: releasing a tensor still imported at teardown failed ({}); "
           "its deleter was not called",
-          released.ToString());
+          s.ToString());
     }
   }
+  if (released > 0) {
+    {
+      std::lock_guard lock(impl_->mu);
+      impl_->released_at_teardown += released;
+    }
+    detail::log().warn(
+        "dlpack imports: {} tensor(s) still imported at teardown were released (never released "
+        "by the application); each deleter runs after its stream's work",
+        released);
+  }
+  return released;
+}
+
+std::size_t DlpackImports::released_at_teardown() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->released_at_teardown;
 }
 
 absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor, StreamHandle stream) {

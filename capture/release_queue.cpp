@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <exception>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -81,6 +82,9 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   ReleaseQueueStats counts;
   std::thread thread;
   std::thread::id thread_id;
+  std::mutex hooks_mu;  // held while the hooks run; before teardown_mu
+  std::map<std::uint64_t, absl::AnyInvocable<void()>> teardown_hooks;  // guarded by hooks_mu
+  std::uint64_t next_hook = 1;                                        // guarded by hooks_mu
   std::mutex teardown_mu;                          // held for the whole of teardown(); before `mu`
   std::atomic<std::thread::id> tearing_down_on{};  // the thread in teardown(), if any
 
@@ -249,6 +253,15 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
 
   // Stops the thread, then runs what is pending on the calling thread.
   void teardown() {
+    {
+      // What the hooks release goes to the queue before it stops (or, after
+      // an earlier teardown, runs at once once its stream's work is done,
+      // on this thread: a deleter calling drain() from there is refused).
+      std::lock_guard hooks_lock(hooks_mu);
+      const std::thread::id before = tearing_down_on.exchange(std::this_thread::get_id());
+      for (auto& [id, hook] : teardown_hooks) hook();
+      tearing_down_on = before;
+    }
     // One teardown at a time: a second caller (drain() racing the
     // destructor or another drain()) waits for the first, then finds it done.
     std::lock_guard once(teardown_mu);
@@ -383,6 +396,18 @@ absl::Status ReleaseQueue::drain() {
   }
   impl_->teardown();
   return absl::OkStatus();
+}
+
+std::uint64_t ReleaseQueue::add_teardown_hook(absl::AnyInvocable<void()> hook) {
+  std::lock_guard lock(impl_->hooks_mu);
+  const std::uint64_t id = impl_->next_hook++;
+  impl_->teardown_hooks.emplace(id, std::move(hook));
+  return id;
+}
+
+void ReleaseQueue::remove_teardown_hook(std::uint64_t id) {
+  std::lock_guard lock(impl_->hooks_mu);
+  impl_->teardown_hooks.erase(id);
 }
 
 ReleaseQueueStats ReleaseQueue::stats() const {

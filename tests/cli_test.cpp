@@ -8,25 +8,13 @@
 #include <utility>
 #include <vector>
 
-#include "run_program.hpp"
+#include "cli_test_support.hpp"
 #include "test_support.hpp"
 
 namespace {
 
-using Run = capalloc::testing::ProgramRun;
-
-// The CLI with `args`, in this environment minus CAPALLOC_* plus `env`.
-Run capalloc_cli(const std::vector<std::string>& args,
-                 const std::vector<std::pair<std::string, std::string>>& env = {}) {
-  return capalloc::testing::run_program(CAPALLOC_CLI_PATH, args, env);
-}
-
-#define CHECK_RUN(run, code)                                              \
-  do {                                                                    \
-    INFO("stdout:\n" << (run).out << "\nstderr:\n" << (run).err);         \
-    CHECK((run).exit_code == (code));                                     \
-  } while (0)
-
+using capalloc::testing::capalloc_cli;
+using capalloc::testing::Run;
 using Catch::Contains;
 
 }  // namespace

@@ -8,10 +8,15 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
+
+#include <spdlog/sinks/base_sink.h>
 
 #include "capalloc/release.hpp"
 #include "capalloc/runtime.hpp"
+#include "common/log.hpp"
 #include "test_support.hpp"
 
 namespace capalloc::testing {
@@ -36,6 +41,42 @@ inline void wait_for_a_pass(ReleaseQueue& queue, StreamHandle idle_stream, int d
   REQUIRE_OK(queue.release(device, idle_stream, [ran] { ran->set_value(); }));
   done.wait();
 }
+
+// The lines capalloc logs at warn and above while alive (these suites are
+// linked with the internal library, whose logger they can reach).
+class LogLines {
+ public:
+  LogLines() : sink_(std::make_shared<Sink>()) {
+    auto& log = detail::log();
+    old_level_ = log.level();
+    log.sinks().push_back(sink_);
+    if (old_level_ > spdlog::level::warn) log.set_level(spdlog::level::warn);
+  }
+  ~LogLines() {
+    auto& log = detail::log();
+    log.set_level(old_level_);
+    log.sinks().pop_back();
+  }
+  LogLines(const LogLines&) = delete;
+  LogLines& operator=(const LogLines&) = delete;
+  std::vector<std::string> lines() const {
+    std::lock_guard lock(sink_->mu);
+    return sink_->lines;
+  }
+
+ private:
+  struct Sink : spdlog::sinks::base_sink<std::mutex> {
+    std::mutex mu;
+    std::vector<std::string> lines;
+    void sink_it_(const spdlog::details::log_msg& m) override {
+      std::lock_guard lock(mu);
+      lines.emplace_back(m.payload.data(), m.payload.size());
+    }
+    void flush_() override {}
+  };
+  std::shared_ptr<Sink> sink_;
+  spdlog::level::level_enum old_level_;
+};
 
 }  // namespace capalloc::testing
 

@@ -219,5 +219,59 @@ TEST_CASE("dlpack import: strides and offsets give the bytes the tensor addresse
   // Both are released by the destructor, in stream order.
 }
 
+// Break test of issue 13: a tensor imported and never released never had
+// its deleter run. Teardown releases it, in stream order, and says how many.
+TEST_CASE("dlpack import: a tensor never released is released at teardown, after its stream's work") {
+  auto rt = host_runtime();
+  const StreamHandle stream = rt->create_stream(0).value();
+  auto has_count_line = [](const LogLines& log) {
+    for (const std::string& line : log.lines()) {
+      if (line.find("1 tensor(s) still imported at teardown were released") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  SECTION("the queue's drain (capalloc_release_drain, exit, Python's atexit)") {
+    auto queue = ReleaseQueue::create(*rt).value();
+    DlpackImports imports(*queue);
+    OneSlotProducer producer;
+    Gate gate;
+    std::atomic<int> poisoned{-1};
+    LogLines log;
+    auto view = imports.import(producer.export_tensor(100), stream).value();
+    launch_gated_read(*rt, stream, gate, static_cast<const std::uint32_t*>(view.data), &poisoned);
+    // The drain waits for the gated kernel: open the gate from here.
+    auto drained = std::async(std::launch::async, [&] { return queue->drain(); });
+    gate.open();
+    REQUIRE_OK(drained.get());
+    CHECK(poisoned == 0);  // the kernel read before the deleter poisoned
+    CHECK(producer.deleted() == 1);
+    CHECK(imports.imported() == 0);
+    CHECK(imports.released_at_teardown() == 1);
+    CHECK(has_count_line(log));
+  }
+  SECTION("the DlpackImports' destructor, before the queue's") {
+    auto queue = ReleaseQueue::create(*rt).value();
+    OneSlotProducer producer;
+    Gate gate;
+    std::atomic<int> poisoned{-1};
+    LogLines log;
+    {
+      DlpackImports imports(*queue);
+      auto view = imports.import(producer.export_tensor(100), stream).value();
+      launch_gated_read(*rt, stream, gate, static_cast<const std::uint32_t*>(view.data),
+                        &poisoned);
+    }  // never waits: the deleter is queued behind the kernel
+    CHECK(producer.deleted() == 0);
+    gate.open();
+    REQUIRE_OK(queue->drain());
+    CHECK(poisoned == 0);
+    CHECK(producer.deleted() == 1);
+    CHECK(has_count_line(log));
+  }
+  REQUIRE_OK(rt->destroy_stream(stream));
+}
+
 }  // namespace
 }  // namespace capalloc::testing

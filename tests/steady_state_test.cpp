@@ -94,6 +94,20 @@ std::vector<ChurnOp> churn_trace(int ops, int streams) {
   return trace;
 }
 
+// Runs `replay` (warmed up already) once while counting: it must fail
+// nothing, allocate nothing and log nothing. The checks run inside the
+// counting scope, after the figures were read.
+template <typename Replay>
+void check_counted_replay(Replay& replay) {
+  Counting count;
+  const int failures = replay();
+  const long allocations = count.allocations();
+  const long log_lines = count.log_lines();
+  CHECK(failures == 0);
+  CHECK(allocations == 0);
+  CHECK(log_lines == 0);
+}
+
 }  // namespace
 
 void* operator new(std::size_t size) { return counted_new(size); }
@@ -160,15 +174,7 @@ TEST_CASE("issue 12: steady-state allocate/free through the C++ API allocates no
     return failures;
   };
   REQUIRE(replay() == 0);  // warm-up: arena, pointer table, indexes, segments
-  {
-    Counting count;
-    const int failures = replay();
-    const long allocations = count.allocations();
-    const long log_lines = count.log_lines();
-    CHECK(failures == 0);
-    CHECK(allocations == 0);
-    CHECK(log_lines == 0);
-  }
+  check_counted_replay(replay);
   for (void* p : slots) {
     if (p != nullptr) REQUIRE(alloc->deallocate(p).ok());
   }
@@ -196,15 +202,7 @@ TEST_CASE("issue 12: steady-state capalloc_torch_malloc/free allocates no heap m
     return failures;
   };
   REQUIRE(replay() == 0);
-  {
-    Counting count;
-    const int failures = replay();
-    const long allocations = count.allocations();
-    const long log_lines = count.log_lines();
-    CHECK(failures == 0);
-    CHECK(allocations == 0);
-    CHECK(log_lines == 0);
-  }
+  check_counted_replay(replay);
   // After a failed call, the next successful one clears the message without
   // allocating either.
   void* bad = nullptr;

@@ -43,6 +43,9 @@ TEST_CASE("a trace decodes into dense slots, streams and pools") {
                      R"({"op": "capture_end", "capture": 4})" "\n"
                      R"({"op": "replay", "capture": 4})" "\n"
                      R"({"op": "graph_destroy", "capture": 4})" "\n"
+                     // A release of no memory names neither id nor addr.
+                     R"({"op": "release", "t": 9, "stream": 0})" "\n"
+                     R"({"op": "release_done", "t": 10})" "\n"
                      R"({"op": "finding", "severity": "hazard", "addr": "0x1", "size": 1, "graph": 1})" "\n");
   REQUIRE(trace.ok());
   CHECK(trace->source == "test");

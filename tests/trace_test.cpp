@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -70,7 +72,10 @@ TraceCounts read_trace(const std::string& path) {
     } else if (op == "capture_end" || op == "replay" || op == "graph_destroy") {
       if (!begun.contains(j.at("capture").get<std::uint64_t>())) error(op + " of a capture not begun");
     } else if (op == "release" || op == "release_done") {
-      if (!j.contains("id") && !j.contains("addr")) error(op + " without id or addr");
+      // `id` or `addr` when the release names memory, neither when not;
+      // never both, and never a null address.
+      if (j.contains("id") && j.contains("addr")) error(op + " with both id and addr");
+      if (j.value("addr", "") == "0x0") error(op + " with address 0x0");
       if (op == "release" && !j.contains("stream")) error("release without stream");
     } else if (op == "finding") {
       if (!j.contains("severity") || !j.contains("addr") || !j.contains("graph")) {
@@ -189,4 +194,89 @@ TEST_CASE("trace: an unwritable path and a full disk are errors, and a second tr
   CHECK(theirs.ops.at("alloc") == 1);
   std::filesystem::remove(path);
   std::filesystem::remove(other_path);
+}
+
+namespace {
+
+std::vector<nlohmann::json> trace_lines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+}  // namespace
+
+TEST_CASE("trace: times count from the trace's start, the live blocks it begins with at t 0",
+          "[trace]") {
+  auto alloc = Allocator::create(host_runtime()).value();
+  void* a = alloc->allocate(1000).value();
+  void* b = alloc->allocate(2000).value();
+  // The allocator's own clock runs before the trace starts.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string path = temp_path("trace_times");
+  const auto started = std::chrono::steady_clock::now();
+  REQUIRE_OK(alloc->start_trace(path));
+  REQUIRE_OK(alloc->deallocate(a));
+  REQUIRE_OK(alloc->deallocate(b));
+  REQUIRE_OK(alloc->stop_trace());
+  const auto elapsed = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - started)
+                           .count();
+  const auto lines = trace_lines(path);
+  REQUIRE(lines.size() == 5);  // header, two live blocks, two frees
+  CHECK_FALSE(lines[0].contains("t"));
+  for (int i : {1, 2}) {
+    CHECK(lines[i]["op"] == "alloc");
+    CHECK(lines[i]["t"] == 0);
+  }
+  for (int i : {3, 4}) {
+    CHECK(lines[i]["op"] == "free");
+    CHECK(lines[i]["t"].get<std::int64_t>() > 0);
+    CHECK(lines[i]["t"].get<std::int64_t>() <= elapsed);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("trace: a release of no memory names no address", "[trace]") {
+  auto rt = host_runtime();
+  auto alloc = Allocator::create(rt).value();
+  auto tracker = CaptureTracker::create(*alloc).value();
+  const std::string path = temp_path("trace_release");
+  REQUIRE_OK(alloc->start_trace(path));
+  {
+    auto queue = ReleaseQueue::create(*tracker).value();
+    REQUIRE_OK(queue->release(0, kDefaultStream, [] {}));
+    REQUIRE_OK(queue->drain());
+  }
+  REQUIRE_OK(alloc->stop_trace());
+  const TraceCounts c = read_trace(path);
+  for (const std::string& e : c.errors) FAIL_CHECK(e);
+  CHECK(c.ops.at("release") == 1);
+  CHECK(c.ops.at("release_done") == 1);
+  for (const nlohmann::json& line : trace_lines(path)) {
+    if (line.value("op", "").rfind("release", 0) != 0) continue;
+    CHECK_FALSE(line.contains("addr"));
+    CHECK_FALSE(line.contains("id"));
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("trace: an allocator whose trace file cannot be created still works, untraced",
+          "[trace]") {
+  // Break test of issue 13: an unwritable CAPALLOC_TRACE disabled the whole
+  // library. The error is logged once (python:RetentionAuditTest covers the
+  // message through the C ABI); an explicit start_trace still fails.
+  AllocatorOptions options;
+  options.trace_path = "/nonexistent-dir/trace.jsonl";
+  auto alloc = Allocator::create(host_runtime(), options);
+  REQUIRE_OK(alloc);
+  CHECK((*alloc)->trace_path().empty());
+  void* p = (*alloc)->allocate(4096).value();
+  REQUIRE_OK((*alloc)->deallocate(p));
+  const absl::Status again = (*alloc)->start_trace(options.trace_path);
+  CHECK(again.code() == absl::StatusCode::kInvalidArgument);
+  // A failed open takes no suffix (".2"): the path is the one asked for.
+  CHECK_THAT(std::string(again.message()), Catch::Contains("'/nonexistent-dir/trace.jsonl'"));
 }

@@ -8,6 +8,7 @@
 #include "capture/findings.hpp"
 #include "capture/json_writer.hpp"
 #include "tools/cli.hpp"
+#include "tools/report/report_files.hpp"
 #include "tools/scenarios/seed003_arms.hpp"
 
 namespace capalloc::cli {
@@ -120,6 +121,11 @@ struct ArmsFlags {
 int arms_command(const ArmsFlags& flags) {
   auto settings = flags.settings->start();
   if (!settings.ok()) return usage_error(settings.status());
+  // The report directory first: a path that cannot take the reports fails
+  // before any work has run.
+  if (!flags.report_dir.empty()) {
+    if (absl::Status s = report::make_report_dir(flags.report_dir); !s.ok()) return fail(s);
+  }
   const std::string& which = flags.which;
   const bool json = flags.json;
   const bool strict = settings->tracker.strict;
@@ -184,7 +190,8 @@ void add_arms_command(CLI::App& app, Runner& run) {
       ->capture_default_str();
   command->add_flag("--json", flags->json, "one JSON object instead of text");
   command->add_option("--report", flags->report_dir,
-                      "write DIR/arm-X.html (with its trace and snapshot) per arm (docs/report.md)");
+                      "write DIR/arm-X.html (with its trace and snapshot) per arm; DIR is created if "
+                      "missing (its parent must exist) (docs/report.md)");
   flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
   command->callback([flags, &run] { run = [flags] { return arms_command(*flags); }; });
 }

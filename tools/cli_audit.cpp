@@ -24,6 +24,7 @@
 #include "capalloc/allocator.hpp"
 #include "capalloc/audit.hpp"
 #include "tools/cli.hpp"
+#include "tools/terminal_text.hpp"
 
 namespace capalloc::cli {
 
@@ -66,16 +67,18 @@ void print_live(const LiveSince& live) {
               static_cast<unsigned long long>(live.blocks),
               absl::StrFormat("%.1f MiB", static_cast<double>(live.bytes) / (1 << 20)).c_str());
   for (const LiveGroup& g : live.groups) {
+    // Tags, sites and frames are the caller's bytes: escaped for the terminal.
     std::printf("  %-20s %3llu block(s) %10llu bytes  at %s\n",
-                g.tag.empty() ? "<untagged>" : g.tag.c_str(),
+                g.tag.empty() ? "<untagged>" : terminal_text(g.tag).c_str(),
                 static_cast<unsigned long long>(g.blocks), static_cast<unsigned long long>(g.bytes),
-                g.site.empty() ? "<unknown site>" : g.site.c_str());
+                g.site.empty() ? "<unknown site>" : terminal_text(g.site).c_str());
     for (const LiveBlock& b : g.block_list) {
       std::printf("      block #%llu %p, %zu bytes\n", static_cast<unsigned long long>(b.sequence),
                   b.ptr, b.requested);
     }
     for (std::size_t i = 0; i < g.stack.size() && i < 8; ++i) {
-      std::printf("      %s %s\n", i == 0 ? "stack:" : "      ", g.stack[i].c_str());
+      std::printf("      %s %s\n", i == 0 ? "stack:" : "      ",
+                  terminal_text(g.stack[i]).c_str());
     }
   }
 }
@@ -178,6 +181,12 @@ int trace_command(const AuditFlags& flags) {
     } else if (op == "free") {
       if (!id_of(j, id)) return refuse("free without an unsigned integer \"id\"");
       if (live.erase(id) == 0) return refuse(absl::StrFormat("free of id %d, which is not live", id));
+    } else if (op == "release" || op == "release_done") {
+      // `id` or `addr` when the release names memory; neither when not.
+      if (j.contains("id") && !id_of(j, id)) return refuse(op + " with a non-integer \"id\"");
+      if (j.contains("addr") && !j["addr"].is_string()) {
+        return refuse(op + " with a non-string \"addr\"");
+      }
     }
   }
   if (header) return refuse("no capalloc.trace/1 header: an empty file, or not a trace");
@@ -210,11 +219,12 @@ int trace_command(const AuditFlags& flags) {
     return 0;
   }
   std::printf("%s: %llu block(s) allocated after id %llu live at the end, %llu bytes\n",
-              flags.trace.c_str(), static_cast<unsigned long long>(blocks),
+              terminal_text(flags.trace).c_str(), static_cast<unsigned long long>(blocks),
               static_cast<unsigned long long>(flags.since), static_cast<unsigned long long>(bytes));
   for (const auto& [tag, g] : sorted) {
     std::printf("  %-24s %4llu block(s) %12llu bytes  first id %llu\n",
-                tag.empty() ? "<untagged>" : tag.c_str(), static_cast<unsigned long long>(g.blocks),
+                tag.empty() ? "<untagged>" : terminal_text(tag).c_str(),
+                static_cast<unsigned long long>(g.blocks),
                 static_cast<unsigned long long>(g.bytes),
                 static_cast<unsigned long long>(g.ids.front()));
   }

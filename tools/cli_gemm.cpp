@@ -9,6 +9,7 @@
 #include "capture/findings.hpp"
 #include "capture/json_writer.hpp"
 #include "tools/cli.hpp"
+#include "tools/report/report_files.hpp"
 #include "tools/scenarios/seed003_gemm.hpp"
 
 namespace capalloc::cli {
@@ -105,6 +106,11 @@ struct GemmFlags {
 int gemm_scenario_command(const GemmFlags& flags) {
   auto settings = flags.settings->start();
   if (!settings.ok()) return usage_error(settings.status());
+  // The report directory first: a path that cannot take the reports fails
+  // before any work has run.
+  if (!flags.report_dir.empty()) {
+    if (absl::Status s = report::make_report_dir(flags.report_dir); !s.ok()) return fail(s);
+  }
   const bool json = flags.json;
   const bool strict = settings->tracker.strict;
   const scenarios::GemmScenarioOptions options{
@@ -169,8 +175,8 @@ void add_gemm_scenario_command(CLI::App& app, Runner& run) {
   auto flags = std::make_shared<GemmFlags>();
   command->add_flag("--json", flags->json, "one JSON object instead of text");
   command->add_option("--report", flags->report_dir,
-                      "write DIR/gemm-<arm>.html (with its trace and snapshot) per arm "
-                      "(docs/report.md)");
+                      "write DIR/gemm-<arm>.html (with its trace and snapshot) per arm; DIR is "
+                      "created if missing (its parent must exist) (docs/report.md)");
   flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
   command->callback([flags, &run] { run = [flags] { return gemm_scenario_command(*flags); }; });
 }

@@ -3,31 +3,25 @@
 // `arms --report` and `gemm-scenario --report` write.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "tools/cli.hpp"
+#include "tools/report/report_bound.hpp"
 #include "tools/report/report_data.hpp"
+#include "tools/report/report_files.hpp"
 #include "tools/report/report_page.hpp"
 
 namespace capalloc::cli {
 
 namespace {
 
-absl::Status write_file(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path.string(), ": cannot be written"));
-  return absl::OkStatus();
-}
-
 struct ReportFlags {
   std::vector<std::string> inputs;
   std::string output = "report.html";
   std::string title;
+  std::size_t max_blocks = report::kDefaultMaxBlocks;
 };
 
 int report_command(const ReportFlags& flags) {
@@ -35,13 +29,20 @@ int report_command(const ReportFlags& flags) {
   for (const std::string& input : flags.inputs) {
     if (absl::Status s = report::add_report_file(input, data); !s.ok()) return fail(s);
   }
+  report::bound_report_blocks(data, flags.max_blocks);
   data.title = flags.title.empty() ? absl::StrCat("capalloc report: ", data.sources.front())
                                    : flags.title;
-  if (absl::Status s = write_file(flags.output, report::render_report_html(data)); !s.ok()) {
+  if (absl::Status s = report::write_text_file(flags.output, report::render_report_html(data)); !s.ok()) {
     return fail(s);
   }
   std::printf("capalloc report: wrote %s (%zu events%s)\n", flags.output.c_str(),
-              data.events.size(), data.snapshot.is_null() ? "" : ", a snapshot");
+              data.trace_events, data.snapshot.is_null() ? "" : ", a snapshot");
+  if (!data.omitted.is_null()) {
+    std::printf("capalloc report: %s of %s blocks left out of the drawing (--max-blocks %zu), "
+                "summarized on the page\n",
+                data.omitted["blocks"].dump().c_str(), data.omitted["total"].dump().c_str(),
+                flags.max_blocks);
+  }
   return 0;
 }
 
@@ -50,20 +51,15 @@ int report_command(const ReportFlags& flags) {
 absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const std::string& name,
                                                   const std::string& title,
                                                   const report::ScenarioTrace& trace) {
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(dir, ": cannot create the report directory: ", error.message()));
-  }
+  if (absl::Status s = report::make_report_dir(dir); !s.ok()) return s;
   const std::filesystem::path base = std::filesystem::path(dir) / name;
   const std::string trace_text = trace.trace_jsonl();
   report::ReportData data;
   data.title = title;
   const std::string trace_path = base.string() + ".trace.jsonl";
   const std::string snapshot_path = base.string() + ".snapshot.json";
-  if (absl::Status s = write_file(trace_path, trace_text); !s.ok()) return s;
-  if (absl::Status s = write_file(snapshot_path, trace.snapshot_json()); !s.ok()) return s;
+  if (absl::Status s = report::write_text_file(trace_path, trace_text); !s.ok()) return s;
+  if (absl::Status s = report::write_text_file(snapshot_path, trace.snapshot_json()); !s.ok()) return s;
   if (absl::Status s = report::add_report_input(trace_text, trace_path, data); !s.ok()) return s;
   if (absl::Status s = report::add_report_input(trace.snapshot_json(), snapshot_path, data);
       !s.ok()) {
@@ -75,7 +71,7 @@ absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const 
                                       "are not drawn"));
   }
   const std::string html_path = base.string() + ".html";
-  if (absl::Status s = write_file(html_path, report::render_report_html(data)); !s.ok()) return s;
+  if (absl::Status s = report::write_text_file(html_path, report::render_report_html(data)); !s.ok()) return s;
   return html_path;
 }
 
@@ -93,6 +89,11 @@ void add_report_command(CLI::App& app, Runner& run) {
   command->add_option("-o,--output", flags->output, "the HTML file to write")
       ->capture_default_str();
   command->add_option("--title", flags->title, "the page's heading (default: the first input)");
+  command
+      ->add_option("--max-blocks", flags->max_blocks,
+                   "draw at most this many of a trace's blocks (those of findings, live at the "
+                   "end, largest and longest first; the rest summarized); 0: all")
+      ->capture_default_str();
   command->callback([flags, &run] { run = [flags] { return report_command(*flags); }; });
 }
 

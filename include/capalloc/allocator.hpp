@@ -78,8 +78,8 @@ struct CAPALLOC_API AllocatorOptions {
   // Record each allocation's call stack for the retention audit
   // (Allocator::set_record_stacks); CAPALLOC_STACKS=1.
   bool record_stacks = false;
-  // Write the event trace (docs/trace.md) to this file from the start
-  // (Allocator::start_trace); empty: none. CAPALLOC_TRACE.
+  // The event trace (docs/trace.md) from the start; empty: none. CAPALLOC_TRACE. A file
+  // that cannot be created: create() logs it once, the allocator runs untraced.
   std::string trace_path;
 
   // Reads CAPALLOC_ROUND_GRANULARITY (bytes: a power of two from 256 to 2 MiB)

@@ -148,7 +148,8 @@ CAPALLOC_API capalloc_status capalloc_snapshot(const char** json);
  * still live, grouped by tag and allocation site, as JSON (schema
  * capalloc.live_since/1, docs/snapshot.md) in the same thread-local string as
  * findings. capalloc_set_record_stacks(1) records each allocation's call
- * stack from now on (CAPALLOC_STACKS=1: from the start).
+ * stack from now on (CAPALLOC_STACKS=1: from the start), (0) stops; any
+ * other value is INVALID_ARGUMENT and changes nothing.
  *
  * capalloc_push_tag opens a tag scope on the calling thread: allocations
  * this thread makes without a tag of their own (capalloc_malloc,
@@ -156,7 +157,12 @@ CAPALLOC_API capalloc_status capalloc_snapshot(const char** json);
  * "model.py:12 in forward"; NULL or "" for none) until the matching
  * capalloc_pop_tag. Scopes nest (at most 64); the innermost applies. Errors:
  * INVALID_ARGUMENT for a NULL tag, OUT_OF_MEMORY past 64 scopes,
- * FAILED_PRECONDITION for a pop with none open.
+ * FAILED_PRECONDITION for a pop with none open. capalloc_set_tag replaces
+ * the calling thread's scopes with one (`tag`, `site`), or closes them all
+ * when `tag` is NULL: for a caller that keeps its own scope stack and tells
+ * the thread which scope is current (the Python package, whose scopes
+ * follow asyncio tasks and contexts: it calls this on entering and leaving
+ * a scope and before the allocations it makes itself).
  *
  * capalloc_trace_start writes the event trace (docs/trace.md) to `path`
  * (FAILED_PRECONDITION when one runs; INVALID_ARGUMENT when the file cannot
@@ -168,6 +174,7 @@ CAPALLOC_API capalloc_status capalloc_live_since(uint64_t checkpoint, const char
 CAPALLOC_API capalloc_status capalloc_set_record_stacks(int record);
 CAPALLOC_API capalloc_status capalloc_push_tag(const char* tag, const char* site);
 CAPALLOC_API capalloc_status capalloc_pop_tag(void);
+CAPALLOC_API capalloc_status capalloc_set_tag(const char* tag, const char* site);
 CAPALLOC_API capalloc_status capalloc_trace_start(const char* path);
 CAPALLOC_API capalloc_status capalloc_trace_stop(void);
 

@@ -22,9 +22,14 @@
 // on the host runtime (whose device memory is host memory); device_id is
 // capalloc's device number.
 //
+// Teardown: tensors never released are released (in stream order, as if
+// release() had been called, with one warning giving their number) when
+// the queue is drained or destroyed (ReleaseQueue::drain(),
+// capalloc_release_drain, the C library's exit handler, the Python
+// package's atexit hook) and when this object is destroyed.
+//
 // Thread safety: every method may be called from any thread. The object
-// must be destroyed before its queue; tensors still imported then are
-// released (in stream order) as if release() had been called.
+// must be destroyed before its queue.
 #ifndef CAPALLOC_DLPACK_HPP_
 #define CAPALLOC_DLPACK_HPP_
 
@@ -75,8 +80,14 @@ class CAPALLOC_API DlpackImports {
 
   // Tensors imported and not yet released.
   std::size_t imported() const;
+  // Tensors the application never released that teardown released (the
+  // queue's drain or destruction, or this object's).
+  std::size_t released_at_teardown() const;
 
  private:
+  // Releases every tensor still imported (teardown); how many.
+  std::size_t release_all_at_teardown();
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

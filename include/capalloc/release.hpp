@@ -33,8 +33,11 @@
 // is left. A capture still in progress on another stream has no record yet,
 // so it does not hold a release: release on the capturing stream itself.
 //
-// Teardown. The destructor (and drain()) stops the thread and runs every
-// pending release: each waits for its event (cudaEventSynchronize), then its
+// Teardown. The destructor (and drain()) first releases the tensors still
+// imported through a DlpackImports over the queue (capalloc/dlpack.hpp, in
+// stream order, with a warning giving their number), then stops the thread
+// and runs every pending release: each waits for its event
+// (cudaEventSynchronize), then its
 // callback runs on the destroying thread; releases still held by a live
 // graph or capture run too, with a warning naming how many (after teardown
 // nothing in capalloc can hold them any longer). A release requested after
@@ -116,6 +119,15 @@ class CAPALLOC_API ReleaseQueue {
   MemoryRuntime& runtime() const;
 
  private:
+  friend class DlpackImports;
+  // Teardown (drain(), the destructor) calls each hook first, on the
+  // tearing-down thread, so that a DlpackImports over the queue releases
+  // what it still holds (through release(): in stream order). Every
+  // teardown call runs them, even after the first drain(). A hook must not
+  // remove a hook.
+  std::uint64_t add_teardown_hook(absl::AnyInvocable<void()> hook);
+  void remove_teardown_hook(std::uint64_t id);
+
   struct Impl;
   explicit ReleaseQueue(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

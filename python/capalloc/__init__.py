@@ -10,7 +10,7 @@ allocator hooks through a small C++ shim built on the machine.
         print(finding)
     state = capalloc.snapshot()             # dict: devices, live blocks, graphs, findings
     cp = capalloc.checkpoint()              # retention audit: what a step leaves behind
-    with capalloc.tag("decoder.layer3"):    # tags this thread's allocations, with the call site
+    with capalloc.tag("decoder.layer3"):    # tags this task's allocations, with the call site
         ...
     for group in capalloc.live_since(cp)["groups"]:
         print(group["tag"], group["site"], group["bytes"])
@@ -31,6 +31,7 @@ CapallocError with capalloc's message.
 """
 
 import atexit
+import contextvars
 import ctypes
 import ctypes.util
 import itertools
@@ -46,7 +47,7 @@ __all__ = [
     "snapshot", "set_strict", "get_strict", "waive", "library_path", "memory_stats",
     "empty_cache", "active_hooks", "torch_pool", "last_capture_findings",
     "release_on_stream", "release_pending", "release_drain", "dlpack_import", "ImportedTensor",
-    "checkpoint", "live_since", "tag", "record_stacks", "trace_start", "trace_stop",
+    "checkpoint", "live_since", "tag", "sync_tag", "record_stacks", "trace_start", "trace_stop",
 ]
 
 _OK = 0
@@ -217,6 +218,8 @@ def _declare(lib):
         lib.capalloc_set_record_stacks.argtypes = [c_int]
         lib.capalloc_push_tag.argtypes = [c_char_p, c_char_p]
         lib.capalloc_pop_tag.argtypes = []
+        if hasattr(lib, "capalloc_set_tag"):
+            lib.capalloc_set_tag.argtypes = [c_char_p, c_char_p]
         lib.capalloc_trace_start.argtypes = [c_char_p]
         lib.capalloc_trace_stop.argtypes = []
     if hasattr(lib, "capalloc_get_strict"):
@@ -389,6 +392,7 @@ def preallocate(device, key, nbytes):
     key = _text("preallocate", "key", key)
     nbytes = _int("preallocate", "nbytes", nbytes, 0, _SIZE_MAX)
     out = ctypes.c_void_p()
+    sync_tag()  # the current task's tag scope, not the last one on this thread
     _call("capalloc_preallocate", device, key, nbytes, ctypes.byref(out))
     return out.value
 
@@ -555,6 +559,8 @@ def release_on_stream(callback, stream=None, device=0, memory=None):
             raise TypeError("release_on_stream: memory must be (address, nbytes)") from None
         ptr = _int("release_on_stream", "memory address", ptr, 1, _UINT64_MAX)
         nbytes = _int("release_on_stream", "memory nbytes", nbytes, 1, _SIZE_MAX)
+    global _release_used
+    _release_used = True
     key = next(_release_keys)
     with _releases_lock:
         _releases[key] = callback
@@ -574,25 +580,26 @@ def release_pending():
 
 
 def release_drain():
-    """Teardown now: runs every pending release after its stream's work
-    (those held by a live graph too). Called at interpreter exit."""
+    """Teardown now: releases every DLPack tensor still imported, then runs
+    every pending release after its stream's work (those held by a live
+    graph too). Called at interpreter exit."""
     _call("capalloc_release_drain")
+
+
+_release_used = False  # set by release_on_stream and dlpack_import
 
 
 @atexit.register
 def _drain_at_exit():
     # Whatever is pending runs now, while Python can still run it: Python
-    # callbacks, and DLPack deleters too (a producer's deleter may take the
-    # GIL; after finalization, from the C library's exit handler, it would
-    # crash the interpreter).
-    if _lib is not None and hasattr(_lib, "capalloc_release_drain"):
-        with _releases_lock:
-            waiting = bool(_releases)
-        pending = ctypes.c_uint64()
-        if _lib.capalloc_release_pending(ctypes.byref(pending)) == _OK and pending.value > 0:
-            waiting = True
-        if waiting:
-            _lib.capalloc_release_drain()
+    # callbacks, DLPack deleters too (a producer's deleter may take the GIL;
+    # after finalization, from the C library's exit handler, it would crash
+    # the interpreter), and the deleters of tensors imported and never
+    # released (the library releases them, after their streams' work, and
+    # logs a warning with their number).
+    if _release_used and _lib is not None and hasattr(_lib, "capalloc_release_drain"):
+        if _lib.capalloc_release_drain() != _OK:
+            print(f"capalloc: release_drain at exit: {_message(_lib)}", file=sys.stderr)
 
 
 _pythonapi = ctypes.pythonapi
@@ -643,6 +650,8 @@ def dlpack_import(tensor, stream=None):
     managed = _pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
     data = ctypes.c_void_p()
     nbytes = ctypes.c_size_t()
+    global _release_used
+    _release_used = True
     _call("capalloc_dlpack_import", managed, c_stream, ctypes.byref(data), ctypes.byref(nbytes))
     _pythonapi.PyCapsule_SetName(capsule, b"used_dltensor")
     return ImportedTensor(managed, data.value, nbytes.value, c_stream)
@@ -681,30 +690,91 @@ def record_stacks(on=True):
     _call("capalloc_set_record_stacks", 1 if on else 0)
 
 
+# Tag scopes follow contextvars: each asyncio task (and each thread, and
+# each contextvars.Context a caller runs code in) sees the scopes it entered
+# itself. The stack is a tuple in a ContextVar; entering a scope sets a
+# longer tuple and keeps the token, leaving resets to exactly what the
+# entry saw. The C side keeps one current tag per thread, so the package
+# tells it (capalloc_set_tag) the current context's innermost scope when a
+# scope is entered or left, and before each allocation the package makes
+# itself (sync_tag).
+_tag_stack = contextvars.ContextVar("capalloc_tag_stack", default=())
+_tags_used = False  # set by the first scope entered: until then C needs no telling
+_MAX_TAG_SCOPES = 64
+
+
+def sync_tag():
+    """Tells capalloc's C side the current context's innermost tag scope (or
+    none) as the calling thread's tag. tag() does it on entering and leaving
+    a scope; in asyncio code, call it after an await and before allocating
+    through PyTorch, so that the allocations get this task's tag and not the
+    tag of whichever task entered or left a scope last on the thread."""
+    stack = _tag_stack.get()
+    if not stack and not _tags_used:
+        return  # no scope was ever entered: nothing to tell C
+    lib = load()
+    if not hasattr(lib, "capalloc_set_tag"):
+        raise CapallocError("tag", 5, "this libcapalloc has no capalloc_set_tag (too old)")
+    name, site = (stack[-1][0], stack[-1][1]) if stack else (None, None)
+    _call("capalloc_set_tag", name, site)
+
+
 class tag:
-    """with capalloc.tag("decoder.layer3"): ... tags the allocations this
-    thread makes inside the block without a tag of their own (PyTorch's
-    included) with the tag, and names the call site that entered the block
-    ("file.py:12 in forward") as their allocation site. Scopes nest; the
-    innermost applies. The scopes are the thread's, not an asyncio task's or
-    a generator's: tasks that await inside their own tag on one thread see
-    each other's (the innermost open one), and a scope must be exited on the
-    thread that entered it."""
+    """with capalloc.tag("decoder.layer3"): ... tags the allocations made
+    inside the block without a tag of their own (PyTorch's included) with the
+    tag, and names the call site that entered the block ("file.py:12 in
+    forward") as their allocation site. Scopes nest; the innermost applies.
+
+    Scopes belong to the current contextvars context: each asyncio task
+    (and each thread) has its own, so two tasks that interleave their tag
+    scopes on one thread do not see or close each other's, and leaving a
+    scope restores exactly what was current when it was entered. capalloc's
+    C side keeps one current tag per thread: it is set from the current
+    context when a scope is entered or left and before the package's own
+    allocating calls (preallocate). An allocation PyTorch makes directly
+    gets the tag of the scope most recently entered or left on that thread
+    (by any task): in asyncio code, enter the scope in the task, around the
+    code that allocates, without awaiting another task's allocations inside
+    it, or call capalloc.sync_tag() after an await (docs/lifetimes.md)."""
 
     def __init__(self, name):
         self._name = _text("tag", "name", name)
-        self._site = None
 
     def __enter__(self):
+        global _tags_used
         frame = sys._getframe(1)  # the frame whose `with` statement entered
         site = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         del frame  # no frame kept alive by the scope (seed 002)
-        self._site = _text("tag", "site", site)
-        _call("capalloc_push_tag", self._name, self._site)
+        site = _text("tag", "site", site)
+        stack = _tag_stack.get()
+        if len(stack) >= _MAX_TAG_SCOPES:
+            raise CapallocError("tag", 2, f"{_MAX_TAG_SCOPES} tag scopes are already open in "
+                                "this context; is a scope never left?")
+        # The entry keeps its owner and its token: one tag object may be
+        # entered by several tasks at once, and each exit must find its own.
+        entry = [self._name, site, self, None]
+        token = _tag_stack.set(stack + (entry,))
+        entry[3] = token
+        try:
+            _tags_used = True
+            sync_tag()
+        except BaseException:
+            _tag_stack.reset(token)
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        _call("capalloc_pop_tag")
+        stack = _tag_stack.get()
+        # This object's innermost scope in the current context: what its
+        # entry saw is restored, whatever other tasks did meanwhile.
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][2] is self:
+                try:
+                    _tag_stack.reset(stack[i][3])
+                except (ValueError, RuntimeError):  # a token of another context (a task's parent)
+                    _tag_stack.set(stack[:i])
+                break
+        sync_tag()
         return False
 
 

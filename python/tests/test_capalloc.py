@@ -473,6 +473,23 @@ class ReleaseTest(unittest.TestCase):
             imported.release()
         self.assertEqual(e.exception.status, 3)
 
+    def test_a_dlpack_tensor_never_released_is_released_at_exit(self):
+        # Break test of issue 13: its deleter never ran. At interpreter exit
+        # the package drains: the deleter runs, and the library says how many.
+        code = (
+            "import sys\n"
+            "sys.path.insert(0, %r)\n"
+            "import capalloc, test_capalloc\n"
+            "producer = test_capalloc._Producer()\n"
+            "producer.deleter = test_capalloc._DELETER(lambda m: print('deleter ran', flush=True))\n"
+            "producer.managed.deleter = producer.deleter\n"
+            "t = capalloc.dlpack_import(producer.capsule())\n"
+            "print('imported', t.nbytes, flush=True)\n" % os.path.dirname(os.path.abspath(__file__)))
+        child = run_child(code, {"CAPALLOC_LOG_LEVEL": "warn"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertEqual(child.stdout.split("\n")[:2], ["imported 64", "deleter ran"], child.stdout)
+        self.assertIn("1 tensor(s) still imported at teardown were released", child.stderr)
+
     def test_dlpack_import_refuses_a_device_the_runtime_cannot_serve(self):
         producer = _Producer(device_type=_KDLCUDA)
         capsule = producer.capsule()
@@ -598,6 +615,90 @@ class RetentionAuditTest(unittest.TestCase):
             capalloc._call("capalloc_pop_tag")
         with self.assertRaises(TypeError):
             capalloc.tag(3)
+
+    def test_tag_scopes_follow_asyncio_tasks(self):
+        # Break test of issue 13: two tasks interleaving their scopes on one
+        # thread closed each other's (the scopes were the thread's).
+        import asyncio
+        cp = capalloc.checkpoint()
+        kept = []
+        shared = capalloc.tag("shared")  # one object entered by both tasks
+
+        async def task(name, first_wait, second_wait):
+            with capalloc.tag(name):
+                await asyncio.sleep(first_wait)
+                capalloc.sync_tag()  # after an await, before allocating
+                kept.append((name, _DeviceBuffer(256)))
+                with shared:
+                    await asyncio.sleep(second_wait)
+                    capalloc.sync_tag()
+                    kept.append(("shared", _DeviceBuffer(256)))
+                await asyncio.sleep(0)
+                capalloc.sync_tag()
+                kept.append((name, _DeviceBuffer(256)))
+            capalloc.sync_tag()
+            kept.append(("", _DeviceBuffer(256)))
+
+        async def main():
+            # b enters and leaves `shared` while a waits inside it, and leaves
+            # its own scope before a leaves `shared`.
+            await asyncio.gather(task("task.a", 0, 0.05), task("task.b", 0.01, 0))
+
+        asyncio.run(main())
+        capalloc.sync_tag()
+        expected = {}
+        for name, _ in kept:
+            expected[name] = expected.get(name, 0) + 1
+        tags = {g["tag"]: g["blocks"] for g in capalloc.live_since(cp)["groups"]}
+        self.assertEqual(tags, expected)
+        self.assertEqual(expected, {"task.a": 2, "task.b": 2, "shared": 2, "": 2})
+        del kept[:]
+        # A scope left restores what its entry saw, in its own context: none here.
+        self.assertEqual(capalloc._tag_stack.get(), ())
+
+    def test_tag_scopes_are_per_thread_too(self):
+        cp = capalloc.checkpoint()
+        other = []
+        with capalloc.tag("main.thread"):
+            def work():
+                other.append(_DeviceBuffer(256))  # a new thread: no scope of its own
+            t = threading.Thread(target=work)
+            t.start()
+            t.join()
+            mine = _DeviceBuffer(256)
+        tags = {g["tag"]: g["blocks"] for g in capalloc.live_since(cp)["groups"]}
+        self.assertEqual(tags, {"main.thread": 1, "": 1})
+        del mine, other[:]
+
+    def test_record_stacks_takes_a_bool_and_c_takes_0_or_1(self):
+        # Break test of issue 13: set_record_stacks(5) was accepted.
+        for bad in (5, 1, None, "yes"):
+            with self.assertRaises(TypeError):
+                capalloc.record_stacks(bad)
+        with self.assertRaises(capalloc.CapallocError) as raised:
+            capalloc._call("capalloc_set_record_stacks", 5)
+        self.assertEqual(raised.exception.status, 1)
+        self.assertIn("must be 0 (off) or 1 (on)", str(raised.exception))
+        capalloc.record_stacks(False)
+
+    def test_an_unwritable_trace_path_leaves_the_library_working(self):
+        # Break test of issue 13: an unwritable CAPALLOC_TRACE made every call fail.
+        code = (
+            "import capalloc\n"
+            "capalloc.preallocate(0, 'ws', 4096)\n"
+            "print('preallocated', capalloc.get(0, 'ws') != 0)\n"
+            "try:\n"
+            "    capalloc.trace_start('/nonexistent-dir/again.jsonl')\n"
+            "except capalloc.CapallocError as e:\n"
+            "    print('trace_start:', e.status, e)\n")
+        child = run_child(code, {"CAPALLOC_TRACE": "/nonexistent-dir/trace.jsonl",
+                                 "CAPALLOC_LOG_LEVEL": "error"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertIn("preallocated True", child.stdout)
+        self.assertIn("trace_start: 1 ", child.stdout)
+        self.assertIn("cannot create the trace file '/nonexistent-dir/again.jsonl'", child.stdout)
+        self.assertEqual(child.stderr.count("cannot create the trace file "
+                                            "'/nonexistent-dir/trace.jsonl'"), 1, child.stderr)
 
     def test_trace_of_a_run_follows_the_trace_rules(self):
         path = os.path.join(tempfile.mkdtemp(), "run.jsonl")

@@ -70,6 +70,7 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
     return absl::InvalidArgumentError(absl::StrCat(source, ": an empty trace"));
   }
   data.trace_header = std::move(header);
+  data.trace_events = events.size();
   data.events = std::move(events);
   return absl::OkStatus();
 }

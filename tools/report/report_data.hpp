@@ -27,6 +27,10 @@ struct ReportData {
   nlohmann::ordered_json trace_header;  // null when no trace was given
   nlohmann::ordered_json events = nlohmann::ordered_json::array();  // the trace's events
   std::vector<std::string> notes;    // said at the top of the page (e.g. what a recording missed)
+  // Set by bound_report_blocks (report_bound.hpp) when it left blocks out:
+  // their number, bytes and per-bucket summary; null otherwise.
+  nlohmann::ordered_json omitted;
+  std::size_t trace_events = 0;      // the trace's events before any was left out
 };
 
 // Adds the snapshot or trace in `text` (named `source` in messages and on

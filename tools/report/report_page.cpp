@@ -37,13 +37,16 @@ std::string render_report_html(const ReportData& data) {
   if (data.trace_header.is_null()) {
     document["trace"] = nullptr;
   } else {
-    document["trace"] = {{"header", data.trace_header}, {"events", data.events}};
+    document["trace"] = {{"header", data.trace_header},
+                         {"xmax", data.trace_events},
+                         {"events", data.events}};
+    if (!data.omitted.is_null()) document["trace"]["omitted"] = data.omitted;
   }
   const std::string html(kReportHtml);
   return absl::StrReplaceAll(html, {{"{{TITLE}}", escape_html(data.title)},
                                     {"/*{{CSS}}*/", std::string(kReportCss)},
                                     {"/*{{JS}}*/", std::string(kReportJs)},
-                                           {"{{DATA}}", embeddable_json(document)}});
+                                    {"{{DATA}}", embeddable_json(document)}});
 }
 
 }  // namespace capalloc::report

@@ -1,7 +1,10 @@
 // tools/report/report_page.hpp: the report as one self-contained HTML page.
 //
 // The page is tools/report/page/ (report.html, report.css, and the script:
-// report_model.js then report.js), built into the program (page_assets.cpp.in), with the data embedded as JSON: it needs no network,
+// report_model.js, then report_view.js, report_draw.js and
+// report_interact.js in one function scope), built into the program
+// (page_assets.cpp.in, tools/CMakeLists.txt), with the data embedded as
+// JSON: it needs no network,
 // no other file and no script but its own. Its script rebuilds each block's
 // lifetime from the trace (or takes the snapshot's one moment) and draws
 // every pool's address space over time as SVG, with zoom and hover details;

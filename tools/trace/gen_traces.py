@@ -95,6 +95,14 @@ class TraceWriter:
     def graph_destroy(self, capture):
         self._write({"op": "graph_destroy", "capture": capture})
 
+    def alloc_freeing(self, size, *done):
+        """Allocates `size` (a step's output), then frees `done` (what the
+        step consumed), in that order; returns the new block."""
+        block = self.alloc(size)
+        for old in done:
+            self.free(old)
+        return block
+
     def free_all(self):
         for block in sorted(self.live):
             self.free(block)
@@ -245,32 +253,15 @@ def gen_training(w, rng, steps):
             grads = [w.alloc(s, tag="grad", persistent=True) for s in sizes]
         for layer_saved in reversed(saved):
             x_in, norm, qkv, attn, lse, mid, norm2, gate_up, act = layer_saved
-            dact = w.alloc(tokens * ffn * 2)
-            w.free(act)
-            dgate_up = w.alloc(tokens * 2 * ffn * 2)
-            w.free(dact)
-            w.free(gate_up)
-            dnorm2 = w.alloc(h)
-            w.free(dgate_up)
-            w.free(norm2)
-            dmid = w.alloc(h)
-            w.free(dnorm2)
-            w.free(mid)
+            # Each gradient step: its output, then what it consumed goes.
+            dact = w.alloc_freeing(tokens * ffn * 2, act)
+            dgate_up = w.alloc_freeing(tokens * 2 * ffn * 2, dact, gate_up)
+            dnorm2 = w.alloc_freeing(h, dgate_up, norm2)
+            dmid = w.alloc_freeing(h, dnorm2, mid)
             dattn = w.alloc(h)
-            dqkv = w.alloc(tokens * 3 * hidden * 2)
-            w.free(dattn)
-            w.free(attn)
-            w.free(lse)
-            w.free(qkv)
-            dnorm = w.alloc(h)
-            w.free(dqkv)
-            w.free(norm)
-            dx_in = w.alloc(h)
-            w.free(dnorm)
-            w.free(dmid)
-            w.free(dx)
-            w.free(x_in)
-            dx = dx_in
+            dqkv = w.alloc_freeing(tokens * 3 * hidden * 2, dattn, attn, lse, qkv)
+            dnorm = w.alloc_freeing(h, dqkv, norm)
+            dx = w.alloc_freeing(h, dnorm, dmid, dx, x_in)
         w.free(dx)
         # Adam: states made on the first step; fp32 temporaries per tensor.
         if adam is None:

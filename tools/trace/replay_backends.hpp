@@ -85,12 +85,24 @@ class CapallocBackend {
   std::vector<std::uint64_t> graphs_;
 };
 
-class NaiveBackend {
- public:
+// What a backend without streams or graphs does with the trace's stream
+// and capture events: a record_stream is a no-op, a capture event is
+// refused (the replay skips traces with captures for such a backend).
+struct NoCaptureBackend {
   static constexpr bool kSupportsCaptures = false;
 
-  absl::Status open(const Trace& trace);
   absl::Status begin_pass(const Trace&) { return absl::OkStatus(); }
+  bool record_stream(void*, std::uint32_t) { return true; }
+  bool capture_begin(std::uint32_t, std::uint32_t, std::uint32_t) { return false; }
+  bool capture_end(std::uint32_t) { return false; }
+  bool replay(std::uint32_t) { return false; }
+  bool graph_destroy(std::uint32_t) { return false; }
+  absl::Status end_pass() { return absl::OkStatus(); }
+};
+
+class NaiveBackend : public NoCaptureBackend {
+ public:
+  absl::Status open(const Trace& trace);
   void* alloc(std::uint64_t size, std::uint32_t) {
     auto p = runtime_->reserve(0, size);
     if (!p.ok()) return nullptr;
@@ -101,12 +113,6 @@ class NaiveBackend {
   void free(void* p, std::uint64_t size, std::uint32_t) {
     if (runtime_->release(0, p, size).ok()) reserved_ -= round_to_pages(size);
   }
-  bool record_stream(void*, std::uint32_t) { return true; }
-  bool capture_begin(std::uint32_t, std::uint32_t, std::uint32_t) { return false; }
-  bool capture_end(std::uint32_t) { return false; }
-  bool replay(std::uint32_t) { return false; }
-  bool graph_destroy(std::uint32_t) { return false; }
-  absl::Status end_pass() { return absl::OkStatus(); }
   // What the host runtime held at most: each live request rounded up to its
   // page size, as it maps them.
   std::uint64_t peak_reserved() const { return peak_reserved_; }
@@ -121,20 +127,11 @@ class NaiveBackend {
   std::uint64_t peak_reserved_ = 0;
 };
 
-class MallocBackend {
+class MallocBackend : public NoCaptureBackend {
  public:
-  static constexpr bool kSupportsCaptures = false;
-
   absl::Status open(const Trace&) { return absl::OkStatus(); }
-  absl::Status begin_pass(const Trace&) { return absl::OkStatus(); }
   void* alloc(std::uint64_t size, std::uint32_t) { return std::malloc(size); }
   void free(void* p, std::uint64_t, std::uint32_t) { std::free(p); }
-  bool record_stream(void*, std::uint32_t) { return true; }
-  bool capture_begin(std::uint32_t, std::uint32_t, std::uint32_t) { return false; }
-  bool capture_end(std::uint32_t) { return false; }
-  bool replay(std::uint32_t) { return false; }
-  bool graph_destroy(std::uint32_t) { return false; }
-  absl::Status end_pass() { return absl::OkStatus(); }
 };
 
 // The shared object that `malloc` resolves to in this process (the libc, or

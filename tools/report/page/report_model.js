@@ -45,7 +45,12 @@ const CapallocReport = (function () {
     };
     const hasTrace = !!data.trace;
     m.hasTrace = hasTrace;
-    m.xmax = hasTrace ? Math.max(1, m.events.length) : 1;
+    // x is the event's index in the trace: its `x` member when the report
+    // left blocks out (report_bound.hpp), else its place in the list.
+    m.xmax = hasTrace ? Math.max(1, data.trace.xmax || m.events.length) : 1;
+    m.eventCount = hasTrace ? (data.trace.xmax || m.events.length) : 0;
+    m.omitted = hasTrace ? (data.trace.omitted || null) : null;
+    m.eventAt = new Map();
     function pool(key, kind, label) {
       if (!m.pools.has(key)) {
         const [device, handle] = key.split('/');
@@ -61,7 +66,9 @@ const CapallocReport = (function () {
     const byId = new Map();
     const active = new Map(); // stream -> capture
     const traceFindings = [];
-    m.events.forEach(function (e, x) {
+    m.events.forEach(function (e, i) {
+      const x = e.x !== undefined ? e.x : i;
+      m.eventAt.set(x, e);
       switch (e.op) {
         case 'alloc': {
           const a = addr(e.addr);
