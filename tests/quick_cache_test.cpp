@@ -37,8 +37,9 @@ TEST_CASE("quick cache: a freed small block serves the next request of its class
 TEST_CASE("quick cache: cached blocks are merged before a new segment is reserved",
           "[quick_cache]") {
   auto alloc = make_allocator(host_runtime());
-  // Fill one small segment (2 MiB) with 64 KiB blocks, then free them all:
-  // every one goes to the cache, unmerged.
+  // Fill one small segment (2 MiB) with 64 KiB blocks, then free the first
+  // eight: 512 KiB, what a cache of a 2 MiB pool may hold, all cached and
+  // unmerged.
   std::vector<void*> blocks;
   for (int i = 0; i < 32; ++i) {
     auto p = alloc->allocate(64 << 10);
@@ -48,16 +49,42 @@ TEST_CASE("quick cache: cached blocks are merged before a new segment is reserve
   const auto before = alloc->stats(0);
   REQUIRE_OK(before);
   REQUIRE(before->segments.current == 1);
-  for (void* p : blocks) REQUIRE_OK(alloc->deallocate(p));
-  CHECK(alloc->stats(0)->free_blocks == 32);
+  for (int i = 0; i < 8; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
+  CHECK(alloc->stats(0)->free_blocks == 8);
   REQUIRE_OK(alloc->CheckInvariants());
-  // 1 MiB fits only in the blocks merged: no second segment.
-  auto big = alloc->allocate(1 << 20);
+  // 512 KiB fits only in those blocks merged: no second segment.
+  auto big = alloc->allocate(512 << 10);
   REQUIRE_OK(big);
+  CHECK(*big == blocks[0]);
   CHECK(alloc->stats(0)->segments.current == 1);
   CHECK(alloc->stats(0)->reserved_bytes.peak == before->reserved_bytes.peak);
   REQUIRE_OK(alloc->CheckInvariants());
   REQUIRE_OK(alloc->deallocate(*big));
+  for (int i = 8; i < 32; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("quick cache: a cache holds at most its share of the pool; the rest merge at once",
+          "[quick_cache]") {
+  auto alloc = make_allocator(host_runtime());
+  std::vector<void*> blocks;
+  for (int i = 0; i < 32; ++i) {
+    auto p = alloc->allocate(64 << 10);
+    REQUIRE_OK(p);
+    blocks.push_back(*p);
+  }
+  // Every other block: no two freed blocks touch, so each free block left
+  // is one the cache holds or one that merged with nothing.
+  for (int i = 0; i < 32; i += 2) REQUIRE_OK(alloc->deallocate(blocks[i]));
+  CHECK(alloc->stats(0)->free_blocks == 16);
+  // Then their neighbours: the cached ones stay apart, the others merge.
+  for (int i = 1; i < 32; i += 2) REQUIRE_OK(alloc->deallocate(blocks[i]));
+  const auto after = alloc->stats(0);
+  REQUIRE_OK(after);
+  CHECK(after->free_blocks < 32);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
 }
 
 TEST_CASE("quick cache: empty_cache gives back a segment whose blocks are all cached",
