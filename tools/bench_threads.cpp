@@ -1,0 +1,183 @@
+// tools/bench_threads.cpp: what a second thread adds. One and two threads,
+// each replaying its own small-block churn (tensor-like sizes from 512 B to
+// 64 KiB, short lives) on its own stream through one shared Allocator (host
+// runtime), and the same traces through glibc malloc, measured in the same
+// run through Google Benchmark (wall time, ->Threads(1) and ->Threads(2)).
+// The table after its output gives each allocator's total throughput with
+// two threads over one: 2.0 is perfect scaling, 1.0 none. Makes no
+// pass/fail judgement on time.
+//
+//   capalloc_bench_threads [--ops N] [--seed S] [--repetitions R]
+//                          [--benchmark_...]
+//
+// What it shows about capalloc's design: one lock guards an Allocator
+// (docs/design.md, "Locking"), so two threads on two streams take turns on
+// it; their streams' segments, free indexes and quick caches are apart, so
+// they do not contend for blocks, only for the lock.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "capalloc/allocator.hpp"
+#include "capalloc/runtime.hpp"
+#include "tools/bench_support.hpp"
+
+namespace {
+
+struct Op {
+  bool alloc;
+  std::size_t size;  // for alloc
+  std::size_t slot;  // which live slot to fill or free
+};
+
+constexpr int kMaxThreads = 2;
+
+// Allocations of log-uniform sizes, each freed after a short random number
+// of later operations (a few live at once, as activations and scratch are).
+std::vector<Op> churn_trace(std::size_t ops, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> log_size(std::log(512.0), std::log(65536.0));
+  const std::size_t max_live = 64;
+  std::vector<Op> trace;
+  trace.reserve(ops);
+  std::vector<std::size_t> free_slots, used_slots;
+  for (std::size_t s = 0; s < max_live; ++s) free_slots.push_back(max_live - 1 - s);
+  while (trace.size() < ops) {
+    const bool alloc = !free_slots.empty() && (used_slots.empty() || rng() % 2 == 0);
+    if (alloc) {
+      const std::size_t slot = free_slots.back();
+      free_slots.pop_back();
+      used_slots.push_back(slot);
+      trace.push_back({true, static_cast<std::size_t>(std::exp(log_size(rng))), slot});
+    } else {
+      const std::size_t k = rng() % used_slots.size();
+      const std::size_t slot = used_slots[k];
+      used_slots[k] = used_slots.back();
+      used_slots.pop_back();
+      free_slots.push_back(slot);
+      trace.push_back({false, 0, slot});
+    }
+  }
+  for (std::size_t slot : used_slots) trace.push_back({false, 0, slot});
+  return trace;
+}
+
+struct ThreadWork {
+  std::vector<Op> trace;
+  std::vector<void*> slots;
+  capalloc::StreamHandle stream = capalloc::kDefaultStream;
+};
+
+template <typename Alloc, typename Free>
+void replay(benchmark::State& state, ThreadWork& work, Alloc&& alloc, Free&& free) {
+  for (auto _ : state) {
+    for (const Op& op : work.trace) {
+      if (op.alloc) {
+        void* p = alloc(op.size, work.stream);
+        if (p == nullptr) {
+          state.SkipWithError("an allocation failed");
+          return;
+        }
+        work.slots[op.slot] = p;
+      } else {
+        free(work.slots[op.slot]);
+      }
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(work.trace.size()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t ops = 200'000;
+  std::uint64_t seed = 42;
+  int repetitions = 3;
+  CLI::App app("capalloc_bench_threads: total allocate/free throughput of one and two threads on "
+               "their own streams, capalloc (one shared host-runtime Allocator) against glibc "
+               "malloc, measured in the same run",
+               "capalloc_bench_threads");
+  app.add_option("--ops", ops, "operations per thread's trace")
+      ->check(CLI::Range(std::size_t{2}, std::size_t{1} << 32))
+      ->capture_default_str();
+  app.add_option("--seed", seed, "the traces' seed (thread i replays seed + i)")
+      ->capture_default_str();
+  app.add_option("--repetitions", repetitions, "measurements per benchmark; the table takes the best")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  if (int rc = capalloc::bench::parse_arguments(app, argc, argv); rc >= 0) return rc;
+
+  auto runtime = capalloc::make_host_runtime();
+  if (!runtime.ok()) {
+    std::fprintf(stderr, "%s\n", runtime.status().ToString().c_str());
+    return 1;
+  }
+  auto allocator = capalloc::Allocator::create(*runtime);
+  if (!allocator.ok()) {
+    std::fprintf(stderr, "%s\n", allocator.status().ToString().c_str());
+    return 1;
+  }
+  capalloc::Allocator& a = **allocator;
+  ThreadWork work[kMaxThreads];
+  for (int t = 0; t < kMaxThreads; ++t) {
+    work[t].trace = churn_trace(ops, seed + static_cast<std::uint64_t>(t));
+    work[t].slots.assign(64, nullptr);
+    auto stream = (*runtime)->create_stream(0);
+    if (!stream.ok()) {
+      std::fprintf(stderr, "%s\n", stream.status().ToString().c_str());
+      return 1;
+    }
+    work[t].stream = *stream;
+  }
+
+  auto configure = [&](benchmark::internal::Benchmark* b) {
+    b->Unit(benchmark::kMillisecond)->Repetitions(repetitions)->UseRealTime();
+    b->Threads(1)->Threads(2);
+  };
+  configure(benchmark::RegisterBenchmark("threads/churn/capalloc", [&](benchmark::State& state) {
+    replay(
+        state, work[state.thread_index()],
+        [&a](std::size_t n, capalloc::StreamHandle s) {
+          auto p = a.allocate(n, 0, s);
+          return p.ok() ? *p : nullptr;
+        },
+        [&a](void* p) { a.deallocate(p).IgnoreError(); });
+  }));
+  configure(benchmark::RegisterBenchmark("threads/churn/malloc", [&](benchmark::State& state) {
+    replay(
+        state, work[state.thread_index()],
+        [](std::size_t n, capalloc::StreamHandle) { return std::malloc(n); },
+        [](void* p) { std::free(p); });
+  }));
+
+  capalloc::bench::RunCollector collector;
+  if (int rc = capalloc::bench::run_benchmarks(collector, "capalloc_bench_threads"); rc != 0) {
+    return rc;
+  }
+
+  std::printf("\n%-10s %16s %16s %10s\n", "allocator", "1 thread Mops/s", "2 threads Mops/s",
+              "scaling");
+  for (const char* name : {"capalloc", "malloc"}) {
+    const std::string full = std::string("threads/churn/") + name;
+    std::map<int, double> best;  // threads -> best total items per second
+    for (const auto& run : collector.runs(full)) {
+      auto it = run.counters.find("items_per_second");
+      if (it == run.counters.end()) continue;
+      best[static_cast<int>(run.threads)] = std::max(best[static_cast<int>(run.threads)],
+                                                      static_cast<double>(it->second));
+    }
+    if (best.count(1) == 0 || best.count(2) == 0) continue;
+    std::printf("%-10s %16.2f %16.2f %9.2fx\n", name, best[1] / 1e6, best[2] / 1e6,
+                best[2] / best[1]);
+  }
+  std::printf("scaling = total throughput of two threads / one thread, best of %d measurements; "
+              "on a machine with fewer than 2 idle cores it measures the machine, not the "
+              "allocator\n",
+              repetitions);
+  for (const ThreadWork& w : work) (*runtime)->destroy_stream(w.stream).IgnoreError();
+  return 0;
+}
