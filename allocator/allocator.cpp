@@ -60,6 +60,36 @@ Allocator::Impl::~Impl() {
   }
 }
 
+void* Allocator::Impl::allocate_cached_locked(std::size_t bytes, std::size_t rounded, int device,
+                                              StreamHandle stream) {
+  if ((stream != kDefaultStream && stream != last_known_stream) || !pending.empty() ||
+      !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  Block* block = devices[device].default_pool->take_cached(stream, rounded, bytes);
+  if (block == nullptr) return nullptr;
+  // The per-allocation fields were reset when the block was cached.
+  block->sequence = next_sequence++;
+  if (observer != nullptr) observer->on_allocate(*block);
+  live.insert(block->addr, block);
+  return reinterpret_cast<void*>(block->addr);
+}
+
+void* Allocator::Impl::allocate_cached(std::size_t bytes, int device, StreamHandle stream) {
+  if (bytes - 1 >= detail::QuickCache::kMaxCachedGranules << policy.granule_shift ||
+      static_cast<std::size_t>(device) >= devices.size()) {
+    return nullptr;  // 0, more than a cached block serves, or no such device
+  }
+  if (runtime->any_capture_active(device)) {
+    auto info = runtime->capture_info(stream);
+    if (!info.ok() || info->status != CaptureStatus::kNone) return nullptr;
+  }
+  const std::size_t rounded = (bytes + policy.granularity - 1) & ~(policy.granularity - 1);
+  std::lock_guard lock(mu);
+  return allocate_cached_locked(bytes, rounded, device, stream);
+}
+
 bool Allocator::Impl::free_cached(void* ptr, int device) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (addr == 0) return false;  // 0 marks an empty slot of the table
@@ -346,21 +376,11 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   }
 
   std::lock_guard lock(m.mu);
-  // The steady state: a transient, untagged, ownerless request on a stream
-  // just used, outside captures, with nothing pending, that the default
-  // pool's quick cache serves. (The per-allocation fields were reset when
-  // the block was cached.) Anything else takes the general path below.
-  if (ctx.capture == 0 && (stream == kDefaultStream || stream == m.last_known_stream) &&
-      options.lifetime == Lifetime::kTransient && options.tag.empty() && options.owner.empty() &&
-      m.pending.empty() && m.deferred.empty() &&
-      !m.gone_graphs->any.load(std::memory_order_acquire) &&
-      !m.gone_streams->any.load(std::memory_order_acquire)) {
-    if (Block* block = m.devices[device].default_pool->take_cached(stream, rounded, bytes)) {
-      block->sequence = m.next_sequence++;
-      if (m.observer != nullptr) m.observer->on_allocate(*block);
-      m.live.insert(block->addr, block);
-      return reinterpret_cast<void*>(block->addr);
-    }
+  // The steady state (allocate_cached_locked); anything else takes the
+  // general path below.
+  if (ctx.capture == 0 && options.lifetime == Lifetime::kTransient && options.tag.empty() &&
+      options.owner.empty()) {
+    if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
   if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
   if (options.lifetime == Lifetime::kPersistent) {

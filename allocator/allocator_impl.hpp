@@ -162,6 +162,16 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // listener that must hear of the free, reports from other threads).
   // False: nothing changed; Impl::deallocate decides everything anew.
   bool free_cached(void* ptr, int device);
+  // The steady-state allocation: a transient, untagged, ownerless request
+  // on the default stream or the last stream used, outside captures, with
+  // nothing pending, that the quick cache of the device's default pool
+  // serves. nullptr: nothing changed; take the general path.
+  // allocate_cached asks the runtime about captures and takes the lock (the
+  // torch entry points' way in); allocate_cached_locked requires mu and a
+  // request known to be outside captures (allocate()'s).
+  void* allocate_cached(std::size_t bytes, int device, StreamHandle stream);
+  void* allocate_cached_locked(std::size_t bytes, std::size_t rounded, int device,
+                               StreamHandle stream);
   absl::Status check_device(int device) const;
   absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
   // True when `stream` is capturing (or its state cannot be read).

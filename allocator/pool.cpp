@@ -11,7 +11,7 @@ namespace capalloc::detail {
 
 namespace {
 constexpr std::size_t kHugeSegmentRounding = std::size_t{2} << 20;
-constexpr std::size_t kMinQuickCacheBytes = std::size_t{512} << 10;
+constexpr std::size_t kMinQuickCacheBytes = std::size_t{1} << 20;
 }  // namespace
 
 SizePolicy SizePolicy::from(const AllocatorOptions& options) {
@@ -163,9 +163,9 @@ bool Pool::caches_freed(const Block& block) const {
   // Cached blocks are holes the FreeIndex does not see: past a share of
   // the pool, requests the cache misses would carve free runs the holes
   // could have served, and the pool would fragment. So a cache holds at
-  // most 1/8 of the pool's reserved bytes (at least 512 KiB): on small-block
-  // churn, 807 instructions per pair against 738 uncapped, and no segment
-  // more than the merging path needs on tests/steady_state_test.cpp's churn.
+  // most 1/8 of the pool's reserved bytes (at least 1 MiB): without the cap,
+  // the two-stream churn of tests/steady_state_test.cpp reserved a segment
+  // more than the merging path needs.
   const QuickCache& quick = block.segment->index->quick;
   const std::size_t cap =
       std::max(kMinQuickCacheBytes, static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);

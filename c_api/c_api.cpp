@@ -14,6 +14,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/allocator_impl.hpp"
+#include "allocator/trace_hooks.hpp"
 #include "c_api/c_api_support.hpp"
 #include "c_api/global.hpp"
 #include "common/guarded.hpp"
@@ -367,8 +369,19 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
   capalloc_status status;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
   if (known != nullptr && capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) {
-    // The steady state: the allocator is known usable and no PyTorch pool
-    // begin is underway (nothing to route).
+    // The allocator is known usable and no PyTorch pool begin is underway
+    // (nothing to route): first the steady-state path, straight into the
+    // allocator (no status to build), then the general one.
+    try {
+      out = capalloc::detail::AllocatorAccess::impl(*known).allocate_cached(size, device,
+                                                                            as_stream(stream));
+    } catch (...) {
+      out = nullptr;  // the general path says what went wrong
+    }
+    if (out != nullptr) {
+      if (capalloc::detail::c_error_set) capalloc::detail::clear_c_error();
+      return out;
+    }
     status = report(capalloc::detail::guarded("capalloc", [&] { return allocate(*known); }));
   } else {
     status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
@@ -403,9 +416,25 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   (void)stream;  // the block remembers its stream; frees are ordered on it
   if (ptr == nullptr) return;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
+  if (known != nullptr) {
+    bool freed = false;
+    try {
+      freed = capalloc::detail::AllocatorAccess::impl(*known).free_cached(ptr, device);
+    } catch (...) {
+      freed = false;  // the general path says what went wrong
+    }
+    if (freed) {
+      if (capalloc::detail::c_error_set) capalloc::detail::clear_c_error();
+      return;
+    }
+  }
   const capalloc_status status =
       known != nullptr
-          ? report(capalloc::detail::guarded("capalloc", [&] { return known->deallocate(ptr, device); }))
+          ? report(capalloc::detail::guarded("capalloc", [&] {
+              // free_cached declined: the general path, without trying it again.
+              return capalloc::detail::AllocatorAccess::impl(*known).deallocate(ptr, device,
+                                                                                std::nullopt);
+            }))
           : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
   if (status != CAPALLOC_OK) {
     capalloc::detail::log().error("capalloc_torch_free({}, device {}): {}", ptr, device,

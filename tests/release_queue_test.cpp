@@ -206,7 +206,13 @@ TEST_CASE("release queue: teardown runs every pending release, after its stream'
   CHECK(ran == 2);
   CHECK_FALSE(ran_before_kernel);
   const ReleaseQueueStats stats = queue->stats();
-  CHECK(stats.run_at_teardown == 2);
+  // The graph-held release runs at teardown (forced); the one behind the
+  // gate is run by whichever sees its stream's work done first once the
+  // gate opens: the progress thread or drain() (both are right; this test
+  // counted 2 and failed about one run in a hundred when the thread won).
+  CHECK(stats.completed == 2);
+  CHECK(stats.run_at_teardown >= 1);
+  CHECK(stats.run_at_teardown <= 2);
   CHECK(stats.forced_at_teardown == 1);
   CHECK(stats.pending == 0);
 
