@@ -13,6 +13,21 @@ using namespace capalloc;
 using capalloc::testing::host_runtime;
 using capalloc::testing::make_allocator;
 
+namespace {
+
+// `count` blocks of `bytes` each, in allocation order.
+std::vector<void*> allocate_blocks(Allocator& alloc, int count, std::size_t bytes) {
+  std::vector<void*> blocks;
+  for (int i = 0; i < count; ++i) {
+    auto p = alloc.allocate(bytes);
+    REQUIRE_OK(p);
+    blocks.push_back(*p);
+  }
+  return blocks;
+}
+
+}  // namespace
+
 TEST_CASE("quick cache: a freed small block serves the next request of its class",
           "[quick_cache]") {
   auto alloc = make_allocator(host_runtime());
@@ -40,12 +55,7 @@ TEST_CASE("quick cache: cached blocks are merged before a new segment is reserve
   // Fill one small segment (2 MiB) with 64 KiB blocks, then free the first
   // eight: 512 KiB, what a cache of a 2 MiB pool may hold, all cached and
   // unmerged.
-  std::vector<void*> blocks;
-  for (int i = 0; i < 32; ++i) {
-    auto p = alloc->allocate(64 << 10);
-    REQUIRE_OK(p);
-    blocks.push_back(*p);
-  }
+  const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
   const auto before = alloc->stats(0);
   REQUIRE_OK(before);
   REQUIRE(before->segments.current == 1);
@@ -67,12 +77,7 @@ TEST_CASE("quick cache: cached blocks are merged before a new segment is reserve
 TEST_CASE("quick cache: a cache holds at most its share of the pool; the rest merge at once",
           "[quick_cache]") {
   auto alloc = make_allocator(host_runtime());
-  std::vector<void*> blocks;
-  for (int i = 0; i < 32; ++i) {
-    auto p = alloc->allocate(64 << 10);
-    REQUIRE_OK(p);
-    blocks.push_back(*p);
-  }
+  const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
   // Every other block: no two freed blocks touch, so each free block left
   // is one the cache holds or one that merged with nothing.
   for (int i = 0; i < 32; i += 2) REQUIRE_OK(alloc->deallocate(blocks[i]));
@@ -110,18 +115,8 @@ TEST_CASE("quick cache: a merge runs through cached neighbours to every free blo
   // freed, cached too; a large request drains them into one free run with
   // the segment's tail; A and E are then freed through the merging path.
   auto alloc = make_allocator(host_runtime());
-  std::vector<void*> p;
-  for (int i = 0; i < 5; ++i) {
-    auto q = alloc->allocate(256 << 10);  // too big to cache: merges at once
-    REQUIRE_OK(q);
-    p.push_back(*q);
-  }
-  std::vector<void*> small;
-  for (int i = 0; i < 5; ++i) {
-    auto q = alloc->allocate(8 << 10);
-    REQUIRE_OK(q);
-    small.push_back(*q);
-  }
+  const std::vector<void*> p = allocate_blocks(*alloc, 5, 256 << 10);  // too big to cache
+  const std::vector<void*> small = allocate_blocks(*alloc, 5, 8 << 10);
   // Cache small[1] and small[3], merge-free big block 2 between nothing
   // cached, then free the rest in an order that puts cached blocks between
   // free ones.

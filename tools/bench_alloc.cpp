@@ -124,17 +124,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   if (int rc = capalloc::bench::parse_arguments(app, argc, argv); rc >= 0) return rc;
 
-  auto runtime = capalloc::make_host_runtime();
-  if (!runtime.ok()) {
-    std::fprintf(stderr, "%s\n", runtime.status().ToString().c_str());
-    return 1;
-  }
-  auto allocator = capalloc::Allocator::create(*runtime);
-  if (!allocator.ok()) {
-    std::fprintf(stderr, "%s\n", allocator.status().ToString().c_str());
-    return 1;
-  }
-  capalloc::Allocator& a = **allocator;
+  auto host = capalloc::bench::make_host_allocator();
+  if (!host) return 1;
+  capalloc::Allocator& a = *host->allocator;
   bool failed = false;
   auto capalloc_alloc = [&a, &failed](std::size_t n) {
     auto p = a.allocate(n);

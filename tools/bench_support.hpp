@@ -13,10 +13,15 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
+
+#include "capalloc/allocator.hpp"
+#include "capalloc/runtime.hpp"
 
 namespace capalloc::bench {
 
@@ -118,6 +123,26 @@ inline int run_benchmarks(RunCollector& collector, const char* program) {
     std::fprintf(stderr, "%s: %s\n", program, failure.c_str());
   }
   return collector.failures().empty() ? 0 : 1;
+}
+
+// A benchmark's host runtime and an allocator over it, or nullopt after
+// printing why on stderr (the program then exits 1).
+struct HostAllocator {
+  std::shared_ptr<DeviceRuntime> runtime;
+  std::unique_ptr<Allocator> allocator;
+};
+inline std::optional<HostAllocator> make_host_allocator() {
+  auto runtime = make_host_runtime();
+  if (!runtime.ok()) {
+    std::fprintf(stderr, "%s\n", runtime.status().ToString().c_str());
+    return std::nullopt;
+  }
+  auto allocator = Allocator::create(*runtime);
+  if (!allocator.ok()) {
+    std::fprintf(stderr, "%s\n", allocator.status().ToString().c_str());
+    return std::nullopt;
+  }
+  return HostAllocator{*std::move(runtime), *std::move(allocator)};
 }
 
 }  // namespace capalloc::bench

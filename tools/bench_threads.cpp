@@ -111,22 +111,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   if (int rc = capalloc::bench::parse_arguments(app, argc, argv); rc >= 0) return rc;
 
-  auto runtime = capalloc::make_host_runtime();
-  if (!runtime.ok()) {
-    std::fprintf(stderr, "%s\n", runtime.status().ToString().c_str());
-    return 1;
-  }
-  auto allocator = capalloc::Allocator::create(*runtime);
-  if (!allocator.ok()) {
-    std::fprintf(stderr, "%s\n", allocator.status().ToString().c_str());
-    return 1;
-  }
-  capalloc::Allocator& a = **allocator;
+  auto host = capalloc::bench::make_host_allocator();
+  if (!host) return 1;
+  capalloc::Allocator& a = *host->allocator;
   ThreadWork work[kMaxThreads];
   for (int t = 0; t < kMaxThreads; ++t) {
     work[t].trace = churn_trace(ops, seed + static_cast<std::uint64_t>(t));
     work[t].slots.assign(64, nullptr);
-    auto stream = (*runtime)->create_stream(0);
+    auto stream = host->runtime->create_stream(0);
     if (!stream.ok()) {
       std::fprintf(stderr, "%s\n", stream.status().ToString().c_str());
       return 1;
@@ -178,6 +170,6 @@ int main(int argc, char** argv) {
               "on a machine with fewer than 2 idle cores it measures the machine, not the "
               "allocator\n",
               repetitions);
-  for (const ThreadWork& w : work) (*runtime)->destroy_stream(w.stream).IgnoreError();
+  for (const ThreadWork& w : work) host->runtime->destroy_stream(w.stream).IgnoreError();
   return 0;
 }
