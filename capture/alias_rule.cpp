@@ -220,6 +220,12 @@ absl::Span<const std::size_t> IndexedRecord::accesses_through(std::uint64_t sequ
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
   std::vector<std::size_t> out;
+  writes_overlapping(span, out);
+  return out;
+}
+
+void IndexedRecord::writes_overlapping(MemorySpan span, std::vector<std::size_t>& out) const {
+  out.clear();
   const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
   auto it = std::lower_bound(by_begin_.begin(), by_begin_.end(), from,
                              [&](std::size_t i, std::uintptr_t v) {
@@ -229,7 +235,6 @@ std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) cons
     if (record.writes[*it].span.overlaps(span)) out.push_back(*it);
   }
   std::sort(out.begin(), out.end());  // capture order, as a scan would give
-  return out;
 }
 
 void WriteIndex::add(const IndexedRecord& r) {
@@ -287,13 +292,19 @@ void WriteIndex::remove(const IndexedRecord& r) {
 std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int device,
                                                                          MemorySpan span) const {
   std::vector<std::pair<GraphHandle, std::size_t>> out;
+  overlapping(device, span, out);
+  return out;
+}
+
+void WriteIndex::overlapping(int device, MemorySpan span,
+                             std::vector<std::pair<GraphHandle, std::size_t>>& out) const {
+  out.clear();
   auto d = devices_.find(device);
-  if (d == devices_.end()) return out;
+  if (d == devices_.end()) return;
   d->second.for_candidates(span, visited_, [&](std::uintptr_t, const Entry& e) {
     if (e.end > span.begin()) out.emplace_back(e.graph, e.write);
     return true;
   });
-  return out;
 }
 
 void classify(Finding& f, std::vector<VictimAccess> accesses) {

@@ -34,8 +34,12 @@ struct IndexedRecord {
   GraphOrder order;
 
   IndexedRecord(WriteRecord r, GraphOrder order);
-  // Indices of the writes overlapping `span`. O(log writes + hits).
+  // Indices of the writes overlapping `span`, in capture order. O(log
+  // writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+  // The same into `out` (cleared first), which keeps its capacity across
+  // calls.
+  void writes_overlapping(MemorySpan span, std::vector<std::size_t>& out) const;
   // Indices of the accesses made through block `sequence`, in capture order.
   absl::Span<const std::size_t> accesses_through(std::uint64_t sequence) const;
   // Calls visit(sequence, accesses) once per block accessed (sequence 0:
@@ -69,6 +73,9 @@ class WriteIndex {
   // (graph, write index) of every write overlapping `span` on `device`, by
   // size class, then start address.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
+  // The same into `out` (cleared first).
+  void overlapping(int device, MemorySpan span,
+                   std::vector<std::pair<GraphHandle, std::size_t>>& out) const;
   // Whether some write overlapping `span` on `device` belongs to a graph
   // `wanted` accepts. Const in every respect (the work counter too), so that
   // readers holding different locks may call it concurrently.

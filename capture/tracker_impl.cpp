@@ -60,9 +60,8 @@ void CaptureTracker::Impl::maybe_prune_history() {
 }
 
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
-  const std::uint64_t tick = ticks.fetch_add(1) + 1;
   std::lock_guard lock(log_mu);
-  log.push_back({event, tick});
+  log.push_back({event, ++ticks});
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
@@ -250,8 +249,9 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
     if (w.mode != AccessMode::kWrite) read_spans.push_back(w.span);
   }
   std::vector<Finding> out;
+  std::vector<std::size_t> candidates;
   for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
-    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    r.writes_overlapping(victim.span(), candidates);
     ++work.victims;
     work.accesses += candidates.size();
     detail::find_clobbers(r, victim, candidates, out);
@@ -260,7 +260,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
   // another block (the common case, a read through its own live block,
   // finds nothing).
   for (const BlockRef& victim : live_victims(r.record.device, std::move(read_spans))) {
-    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    r.writes_overlapping(victim.span(), candidates);
     ++work.victims;
     work.accesses += candidates.size();
     detail::find_stale_reads(r, victim, candidates, out);
@@ -359,10 +359,12 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
     }
   }
   absl::flat_hash_set<std::uint64_t> seen;
+  std::vector<std::pair<GraphHandle, std::size_t>> overlapping;
   for (const BlockRef& victim : live_victims(capture.device, std::move(victim_spans))) {
     if (!seen.insert(victim.sequence).second) continue;
     absl::btree_map<GraphHandle, std::vector<std::size_t>> by_graph;
-    for (auto [g, w] : index.overlapping(capture.device, victim.span())) {
+    index.overlapping(capture.device, victim.span(), overlapping);
+    for (auto [g, w] : overlapping) {
       if (g != graph) by_graph[g].push_back(w);
     }
     for (auto& [g, candidates] : by_graph) {

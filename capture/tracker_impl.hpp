@@ -99,9 +99,13 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   DeviceRuntime* runtime = nullptr;
   std::atomic<bool> strict{false};
   std::atomic<bool> strict_possible{false};
-  std::atomic<std::uint64_t> ticks{0};
 
   detail::LogLock log_mu;
+  // Orders the allocator's events and the captures' starts. Guarded by
+  // log_mu: an event takes its tick as it is appended, so the log is in tick
+  // order, and costs no atomic operation of its own (an event during a
+  // capture is on the allocation path).
+  std::uint64_t ticks = 0;
   std::vector<detail::LoggedEvent> log;       // guarded by log_mu
   std::vector<detail::LoggedEvent> draining;  // guarded by mu
   // The history indexes of the blocks the batch drain_log is noting
