@@ -119,6 +119,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   std::vector<detail::PendingEvent> pending;
   std::vector<detail::Block*> deferred;  // pending-free, events not yet recorded
   absl::flat_hash_map<CaptureId, detail::CaptureRoute> routes;
+  // The route route_for found last (a watched one), so that the allocations
+  // of one capture skip the hash lookup; drop_route clears it.
+  CaptureId last_route_capture = 0;
+  detail::Pool* last_route_pool = nullptr;
   absl::flat_hash_map<PoolHandle, int> pool_devices;  // graph pool -> device
   PoolHandle next_pool = 1;
   std::uint64_t next_sequence = 1;

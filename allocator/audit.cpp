@@ -238,6 +238,11 @@ void trace_release(const Allocator& a, std::uint64_t id, const void* addr, Strea
 void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr) {
   with_trace(a, [&](EventTrace& t) { t.release_done(id, reinterpret_cast<std::uintptr_t>(addr)); });
 }
+bool trace_running(const Allocator& a) {
+  bool running = false;
+  with_trace(a, [&](EventTrace&) { running = true; });
+  return running;
+}
 void trace_finding(const Allocator& a, std::string_view severity, const void* addr,
                    std::size_t size, std::uint64_t graph, std::uint64_t victim,
                    std::string_view victim_tag, std::string message) {

@@ -29,6 +29,7 @@ absl::StatusOr<Pool*> Allocator::Impl::find_graph_pool(PoolHandle handle) const 
 }
 
 Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle stream) {
+  if (capture == last_route_capture) return last_route_pool;
   auto it = routes.find(capture);
   if (it != routes.end()) {
     // An announced capture (PyTorch's): its graph is watched too, from its
@@ -39,6 +40,8 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
       it->second.stream = stream;
       watch_graph(capture, stream, it->second.pool->handle(), /*holds_pool_ref=*/false);
     }
+    last_route_capture = capture;
+    last_route_pool = it->second.pool;
     return it->second.pool;
   }
   // A capture nobody announced (a host application capturing through the
@@ -141,6 +144,10 @@ CaptureId Allocator::Impl::active_capture_on(int device) {
 }
 
 void Allocator::Impl::drop_route(CaptureId capture) {
+  if (capture == last_route_capture) {
+    last_route_capture = 0;
+    last_route_pool = nullptr;
+  }
   auto it = routes.find(capture);
   if (it == routes.end()) return;
   Pool* pool = it->second.pool;

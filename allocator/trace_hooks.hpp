@@ -31,6 +31,9 @@ void trace_graph_destroy(const Allocator& a, CaptureId capture);
 // capalloc does not own (`id` 0, `addr`), and its callback having run.
 void trace_release(const Allocator& a, std::uint64_t id, const void* addr, StreamHandle stream);
 void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr);
+// Whether an event trace runs now: callers whose event costs something to
+// describe (trace_finding's message) ask first.
+bool trace_running(const Allocator& a);
 // A finding of the capture tracker: where (`addr`, `size`: the harmed
 // bytes), which graph, the victim block, and the finding in one paragraph.
 void trace_finding(const Allocator& a, std::string_view severity, const void* addr,

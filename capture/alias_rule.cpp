@@ -139,6 +139,21 @@ bool covered_before(const IndexedRecord& record, const RecordedWrite& read, Memo
   return false;
 }
 
+// True when an access through `victim` that may write (any mode but kRead)
+// overlaps `range` and is not ordered after node `reader` (nor at it): the
+// writes read_from_outside's second part weighs (non-optimistic reading).
+bool victim_may_write_first(const IndexedRecord& record, const BlockRef& victim,
+                            MemorySpan range, std::size_t reader) {
+  if (victim.sequence == 0) return false;
+  for (std::size_t i : record.accesses_through(victim.sequence)) {
+    const RecordedWrite& w = record.record.writes[i];
+    if (w.mode == AccessMode::kRead || !w.span.overlaps(range)) continue;
+    if (w.position == reader || record.order.before(reader, w.position)) continue;
+    return true;
+  }
+  return false;
+}
+
 std::string describe_path(const std::vector<std::size_t>& path) {
   std::vector<std::string> steps;
   for (std::size_t p : path) steps.push_back(absl::StrCat("node ", p));
@@ -205,6 +220,12 @@ absl::Span<const std::size_t> IndexedRecord::accesses_through(std::uint64_t sequ
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {
   std::vector<std::size_t> out;
+  writes_overlapping(span, out);
+  return out;
+}
+
+void IndexedRecord::writes_overlapping(MemorySpan span, std::vector<std::size_t>& out) const {
+  out.clear();
   const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
   auto it = std::lower_bound(by_begin_.begin(), by_begin_.end(), from,
                              [&](std::size_t i, std::uintptr_t v) {
@@ -214,21 +235,26 @@ std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) cons
     if (record.writes[*it].span.overlaps(span)) out.push_back(*it);
   }
   std::sort(out.begin(), out.end());  // capture order, as a scan would give
-  return out;
 }
 
 void WriteIndex::add(const IndexedRecord& r) {
   DeviceWrites& d = devices_[r.record.device];
   for (std::size_t i = 0; i < r.record.writes.size(); ++i) {
-    const RecordedWrite& w = r.record.writes[i];
-    const MemorySpan& s = w.span;
-    d.by_begin.emplace(s.begin(), Entry{r.record.graph, i, s.end()});
-    d.longest = std::max(d.longest, s.bytes);
-    if (index_writers_ && w.writer.sequence != 0) {
-      by_writer_[w.writer.sequence].push_back({s.begin(), added_, r.record.graph, i});
-    }
-    ++added_;
+    const MemorySpan& s = r.record.writes[i].span;
+    d.add(s.begin(), s.bytes, Entry{r.record.graph, i, s.end()});
   }
+  // By block: one lookup per block the record accesses, not per access.
+  // `added` numbers the accesses in write order, as one pass would.
+  const std::uint64_t base = added_;
+  added_ += r.record.writes.size();
+  if (!index_writers_) return;
+  r.for_each_writer([&](std::uint64_t sequence, absl::Span<const std::size_t> accesses) {
+    if (sequence == 0) return;
+    auto& entries = by_writer_[sequence];
+    for (std::size_t i : accesses) {
+      entries.push_back({r.record.writes[i].span.begin(), base + i, r.record.graph, i});
+    }
+  });
 }
 
 std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
@@ -249,7 +275,6 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
 void WriteIndex::remove(const IndexedRecord& r) {
   auto d = devices_.find(r.record.device);
   if (d == devices_.end()) return;
-  auto& by_begin = d->second.by_begin;
   for (const RecordedWrite& w : r.record.writes) {
     if (auto t = by_writer_.find(w.writer.sequence);
         index_writers_ && w.writer.sequence != 0 && t != by_writer_.end()) {
@@ -259,28 +284,27 @@ void WriteIndex::remove(const IndexedRecord& r) {
                     entries.end());
       if (entries.empty()) by_writer_.erase(t);
     }
-    // A btree erase invalidates every other iterator: compare keys, not an
-    // end iterator taken before the erase.
-    for (auto it = by_begin.lower_bound(w.span.begin());
-         it != by_begin.end() && it->first == w.span.begin();) {
-      it = it->second.graph == r.record.graph ? by_begin.erase(it) : std::next(it);
-    }
+    d->second.erase_all(w.span.begin(), w.span.bytes,
+                        [&](const Entry& e) { return e.graph == r.record.graph; });
   }
 }
 
 std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::overlapping(int device,
                                                                          MemorySpan span) const {
   std::vector<std::pair<GraphHandle, std::size_t>> out;
-  auto d = devices_.find(device);
-  if (d == devices_.end() || span.bytes == 0) return out;
-  const std::uintptr_t from =
-      span.begin() > d->second.longest ? span.begin() - d->second.longest : 0;
-  for (auto it = d->second.by_begin.lower_bound(from);
-       it != d->second.by_begin.end() && it->first < span.end(); ++it) {
-    ++visited_;
-    if (it->second.end > span.begin()) out.emplace_back(it->second.graph, it->second.write);
-  }
+  overlapping(device, span, out);
   return out;
+}
+
+void WriteIndex::overlapping(int device, MemorySpan span,
+                             std::vector<std::pair<GraphHandle, std::size_t>>& out) const {
+  out.clear();
+  auto d = devices_.find(device);
+  if (d == devices_.end()) return;
+  d->second.for_candidates(span, visited_, [&](std::uintptr_t, const Entry& e) {
+    if (e.end > span.begin()) out.emplace_back(e.graph, e.write);
+    return true;
+  });
 }
 
 void classify(Finding& f, std::vector<VictimAccess> accesses) {
@@ -671,9 +695,16 @@ void find_stale_reads(const IndexedRecord& r, const BlockRef& victim,
     const bool footprint = a.evidence == WriteEvidence::kFootprint;
     // The common case, answered from the reading block's own accesses: a
     // whole write through it, ordered before the read, covers the bytes,
-    // and the graph has no access through the victim (which alone could put
-    // the victim's data back): read_from_outside would find nothing stale.
-    if (!footprint && victim_untouched && covered_before(r, a, overlap)) continue;
+    // and no access through the victim that may write those bytes can come
+    // before the read (only such a write could put the victim's data back):
+    // read_from_outside would find nothing stale. In a graph whose own
+    // output lands on its freed transients (every layer of a model reusing
+    // one address), this settles each read from the blocks' own accesses
+    // instead of listing every write on its bytes.
+    if (!footprint && covered_before(r, a, overlap) &&
+        (victim_untouched || !victim_may_write_first(r, victim, overlap, a.position))) {
+      continue;
+    }
     const std::vector<MemorySpan> stale =
         footprint ? std::vector<MemorySpan>{overlap}
                   : read_from_outside(r, overlap, a.position, victim.sequence,

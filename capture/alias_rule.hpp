@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "capalloc/capture.hpp"
 #include "capture/graph_order.hpp"
+#include "capture/span_index.hpp"
 
 namespace capalloc::detail {
 
@@ -33,10 +34,23 @@ struct IndexedRecord {
   GraphOrder order;
 
   IndexedRecord(WriteRecord r, GraphOrder order);
-  // Indices of the writes overlapping `span`. O(log writes + hits).
+  // Indices of the writes overlapping `span`, in capture order. O(log
+  // writes + hits).
   std::vector<std::size_t> writes_overlapping(MemorySpan span) const;
+  // The same into `out` (cleared first), which keeps its capacity across
+  // calls.
+  void writes_overlapping(MemorySpan span, std::vector<std::size_t>& out) const;
   // Indices of the accesses made through block `sequence`, in capture order.
   absl::Span<const std::size_t> accesses_through(std::uint64_t sequence) const;
+  // Calls visit(sequence, accesses) once per block accessed (sequence 0:
+  // through no block), with the indices of its accesses in capture order.
+  template <typename F>
+  void for_each_writer(F&& visit) const {
+    for (const auto& [sequence, group] : writer_groups_) {
+      visit(sequence, absl::Span<const std::size_t>(by_writer_.data() + group.first,
+                                                    group.second - group.first));
+    }
+  }
 
  private:
   std::vector<std::size_t> by_begin_;  // write indices sorted by start address
@@ -56,8 +70,27 @@ class WriteIndex {
   explicit WriteIndex(bool by_writer = true) : index_writers_(by_writer) {}
   void add(const IndexedRecord& record);
   void remove(const IndexedRecord& record);
-  // (graph, write index) of every write overlapping `span` on `device`.
+  // (graph, write index) of every write overlapping `span` on `device`, by
+  // size class, then start address.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping(int device, MemorySpan span) const;
+  // The same into `out` (cleared first).
+  void overlapping(int device, MemorySpan span,
+                   std::vector<std::pair<GraphHandle, std::size_t>>& out) const;
+  // Whether some write overlapping `span` on `device` belongs to a graph
+  // `wanted` accepts. Const in every respect (the work counter too), so that
+  // readers holding different locks may call it concurrently.
+  template <typename Wanted>
+  bool any_overlapping(int device, MemorySpan span, Wanted&& wanted) const {
+    auto d = devices_.find(device);
+    if (d == devices_.end()) return false;
+    bool found = false;
+    std::uint64_t uncounted = 0;
+    d->second.for_candidates(span, uncounted, [&](std::uintptr_t, const Entry& e) {
+      found = e.end > span.begin() && wanted(e.graph);
+      return !found;
+    });
+    return found;
+  }
   // (graph, write index) of every access made through block `sequence`, in
   // the order `overlapping` would list them (by start address, then as
   // added). O(those accesses), however many other writes share its bytes.
@@ -83,10 +116,8 @@ class WriteIndex {
     std::size_t write;
     std::uintptr_t end;
   };
-  struct DeviceWrites {
-    absl::btree_multimap<std::uintptr_t, Entry> by_begin;
-    std::size_t longest = 0;
-  };
+  // Writes by start address, in size classes (span_index.hpp).
+  using DeviceWrites = SpanIndex<Entry>;
   absl::flat_hash_map<int, DeviceWrites> devices_;
 };
 

@@ -5,29 +5,14 @@
 
 namespace capalloc::detail {
 
-void BlockHistory::AddressIndex::add(std::uintptr_t begin, std::size_t size, std::size_t index) {
-  by_begin.emplace(begin, index);
-  longest = std::max(longest, size);
-}
-
-void BlockHistory::AddressIndex::remove(std::uintptr_t begin, std::size_t index) {
-  for (auto it = by_begin.lower_bound(begin); it != by_begin.end() && it->first == begin; ++it) {
-    if (it->second == index) {
-      by_begin.erase(it);
-      return;
-    }
+const BlockHistory::AddressIndex<3>& BlockHistory::LazyAddressIndex::folded() const {
+  if (!pending.empty()) {
+    // In the order they were noted: a multimap keeps insertion order among
+    // equal keys, as the eager index did.
+    for (const Pending& p : pending) index.add(p.begin, p.size, p.index);
+    pending.clear();
   }
-}
-
-template <typename F>
-void BlockHistory::AddressIndex::for_overlapping(MemorySpan span, std::uint64_t& visited,
-                                                  F&& visit) const {
-  if (span.bytes == 0 || by_begin.empty()) return;
-  const std::uintptr_t from = span.begin() > longest ? span.begin() - longest : 0;
-  for (auto it = by_begin.lower_bound(from); it != by_begin.end() && it->first < span.end(); ++it) {
-    ++visited;
-    visit(it->second);
-  }
+  return index;
 }
 
 Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick,
@@ -36,9 +21,10 @@ Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t al
 }
 
 std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
-                                     bool freed_next) {
-  const auto [it, inserted] = by_sequence_.try_emplace(block.sequence, occupants_.size());
-  if (!inserted) return it->second;
+                                     bool freed_next, bool* inserted) {
+  const auto [it, fresh] = by_sequence_.try_emplace(block.sequence, occupants_.size());
+  if (inserted != nullptr) *inserted = fresh;
+  if (!fresh) return it->second;
   const std::size_t index = it->second;
   Occupant& o = occupants_.emplace_back();
   o.block = block;
@@ -46,12 +32,27 @@ std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uin
   o.device = device;
   DeviceIndex& d = devices_[device];
   d.all.add(block.span().begin(), block.size, index);
-  if (!freed_next) {
-    o.live_indexed = true;
-    d.live.add(block.span().begin(), block.size, index);
-    if (block.capture == 0) d.live_outside.add(block.span().begin(), block.size, index);
-  }
+  if (!freed_next) index_live(device, o, index);
   return index;
+}
+
+void BlockHistory::index_live(int device, Occupant& o, std::size_t index) {
+  DeviceIndex& d = devices_[device];
+  o.live_indexed = true;
+  d.live.add(o.block.span().begin(), o.block.size, index);
+  if (o.block.capture == 0) d.live_outside.add(o.block.span().begin(), o.block.size, index);
+}
+
+std::size_t BlockHistory::note_in_batch(int device, const BlockRef& block,
+                                        std::uint64_t alloc_tick) {
+  bool inserted = false;
+  const std::size_t index = note_index(device, block, alloc_tick, /*freed_next=*/true, &inserted);
+  return inserted ? index : kNotNew;
+}
+
+void BlockHistory::index_if_live(std::size_t index) {
+  Occupant& o = occupants_[index];
+  if (o.live() && !o.live_indexed) index_live(o.device, o, index);
 }
 
 void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_tick,
@@ -65,8 +66,8 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   DeviceIndex& d = devices_[device];
   if (o.live_indexed) {
     o.live_indexed = false;
-    d.live.remove(block.span().begin(), index);
-    if (block.capture == 0) d.live_outside.remove(block.span().begin(), index);
+    d.live.remove(o.block.span().begin(), o.block.size, index);
+    if (o.block.capture == 0) d.live_outside.remove(o.block.span().begin(), o.block.size, index);
   }
   d.freed.push_back(index);
 }
@@ -109,8 +110,10 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
   o.free_tick = 1;
   if (!o.live_indexed) return;
   o.live_indexed = false;
-  devices_[device].live.remove(o.block.span().begin(), it->second);
-  if (o.block.capture == 0) devices_[device].live_outside.remove(o.block.span().begin(), it->second);
+  devices_[device].live.remove(o.block.span().begin(), o.block.size, it->second);
+  if (o.block.capture == 0) {
+    devices_[device].live_outside.remove(o.block.span().begin(), o.block.size, it->second);
+  }
 }
 
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
@@ -122,7 +125,7 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   std::vector<const Occupant*> out;
   auto d = devices_.find(device);
   if (d == devices_.end()) return out;
-  d->second.all.for_overlapping(span, visited_, [&](std::size_t i) {
+  d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
   std::sort(out.begin(), out.end(), [](const Occupant* a, const Occupant* b) {
@@ -137,7 +140,7 @@ std::vector<const Occupant*> BlockHistory::chain(int device, MemorySpan span,
   std::vector<const Occupant*> out;
   auto d = devices_.find(device);
   if (d == devices_.end() || links == 0) return out;
-  d->second.all.for_overlapping(span, visited_, [&](std::size_t i) {
+  d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
     const Occupant& o = occupants_[i];
     if (o.block.sequence >= first && o.block.sequence <= last && o.block.span().overlaps(span)) {
       out.push_back(&o);
@@ -164,6 +167,11 @@ void BlockHistory::live_overlapping(int device, MemorySpan span,
   d->second.live.for_overlapping(span, visited_, [&](std::size_t i) {
     if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
   });
+}
+
+bool BlockHistory::any_live_outside(int device) const {
+  auto d = devices_.find(device);
+  return d != devices_.end() && !d->second.live_outside.spans.empty();
 }
 
 void BlockHistory::live_outside_overlapping(int device, MemorySpan span,

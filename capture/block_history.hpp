@@ -10,18 +10,21 @@
 // counter that orders all events the tracker saw.
 //
 // Cost: add and free are O(log n); `overlapping` is O(log n + k + w) where w
-// counts occupants starting within the longest occupant's length before the
-// span. Not thread-safe; the tracker locks around it.
+// counts occupants starting within the longest length of their size class
+// before the span (span_index.hpp). Not thread-safe; the tracker locks around it.
 #ifndef CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
 #define CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "capalloc/capture.hpp"
+#include "capture/span_index.hpp"
 
 namespace capalloc::detail {
 
@@ -49,6 +52,15 @@ class BlockHistory {
   // skips the live indexes it would leave at once.
   Occupant& note(int device, const BlockRef& block, std::uint64_t alloc_tick,
                  bool freed_next = false);
+  // A batch of allocation and free events (the tracker's drain): each
+  // allocation is noted with note_in_batch, which leaves it out of the live
+  // indexes and returns its index when it is new (else kNotNew); once the
+  // batch's frees are recorded, index_if_live(index) adds those still live.
+  // The same state as note(..., freed_next) with foreknowledge of the frees,
+  // without asking which blocks the batch frees.
+  static constexpr std::size_t kNotNew = ~std::size_t{0};
+  std::size_t note_in_batch(int device, const BlockRef& block, std::uint64_t alloc_tick);
+  void index_if_live(std::size_t index);
   // Records a free; a block never noted is noted first.
   void freed(int device, const BlockRef& block, std::uint64_t free_tick, CaptureId capture,
              std::size_t position);
@@ -70,6 +82,8 @@ class BlockHistory {
   // free the allocator may not report, so the only ones that can go stale.
   void live_outside_overlapping(int device, MemorySpan span,
                                 std::vector<const Occupant*>& out) const;
+  // Whether any live occupant allocated outside captures is held for `device`.
+  bool any_live_outside(int device) const;
   // Occupants freed after `tick`, in free order.
   std::vector<const Occupant*> freed_since(int device, std::uint64_t tick) const;
 
@@ -95,26 +109,56 @@ class BlockHistory {
   std::uint64_t visited() const { return visited_; }
 
  private:
-  // Occupants by start address, with the longest length among them, so that
-  // an overlap query scans only [begin - longest, end).
+  // Occupants by start address, so that an overlap query scans only the
+  // starts that can reach the span. `ClassBits` (span_index.hpp): the live
+  // indexes keep one class, whose queries list blocks by address (the order
+  // writes are tied to blocks in); the index of every occupant, which holds
+  // a range's whole history, is split by size class.
+  template <int ClassBits>
   struct AddressIndex {
-    absl::btree_multimap<std::uintptr_t, std::size_t> by_begin;
-    std::size_t longest = 0;
-    void add(std::uintptr_t begin, std::size_t size, std::size_t index);
-    void remove(std::uintptr_t begin, std::size_t index);
+    SpanIndex<std::size_t, ClassBits> spans;
+    void add(std::uintptr_t begin, std::size_t size, std::size_t index) {
+      spans.add(begin, size, index);
+    }
+    void remove(std::uintptr_t begin, std::size_t size, std::size_t index) {
+      spans.erase_first(begin, size, [&](std::size_t i) { return i == index; });
+    }
     template <typename F>
-    void for_overlapping(MemorySpan span, std::uint64_t& visited, F&& visit) const;
+    void for_overlapping(MemorySpan span, std::uint64_t& visited, F&& visit) const {
+      spans.for_candidates(span, visited, [&](std::uintptr_t, std::size_t i) {
+        visit(i);
+        return true;
+      });
+    }
+  };
+  // The index of every occupant, which only reuse chains and `overlapping`
+  // read (when a finding is made, or on demand): additions wait in a list
+  // and are folded in at the first query, so that captures without
+  // findings never pay for it. Never removed from (a prune rebuilds it).
+  struct LazyAddressIndex {
+    struct Pending {
+      std::uintptr_t begin;
+      std::size_t size;
+      std::size_t index;
+    };
+    mutable AddressIndex<3> index;
+    mutable std::vector<Pending> pending;
+    void add(std::uintptr_t begin, std::size_t size, std::size_t i) {
+      pending.push_back({begin, size, i});
+    }
+    const AddressIndex<3>& folded() const;
   };
   struct DeviceIndex {
-    AddressIndex all;   // every occupant ever noted
-    AddressIndex live;  // occupants not freed
-    AddressIndex live_outside;  // of those, the ones allocated outside captures
+    LazyAddressIndex all;  // every occupant ever noted
+    AddressIndex<64> live;  // occupants not freed
+    AddressIndex<64> live_outside;  // of those, the ones allocated outside captures
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
   void rebuild(std::deque<Occupant> occupants);
   // note(), returning the occupant's index.
   std::size_t note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
-                         bool freed_next);
+                         bool freed_next, bool* inserted = nullptr);
+  void index_live(int device, Occupant& o, std::size_t index);
 
   mutable std::uint64_t visited_ = 0;
   std::deque<Occupant> occupants_;  // a deque: growing never moves an occupant

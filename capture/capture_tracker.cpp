@@ -99,7 +99,11 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
     return s;
   }
   // Ticks order the allocator's events around the capture's start.
-  const std::uint64_t begin_tick = m.ticks.fetch_add(1) + 1;
+  std::uint64_t begin_tick = 0;
+  {
+    std::lock_guard log_lock(m.log_mu);
+    begin_tick = ++m.ticks;
+  }
   auto id = m.runtime->begin_capture(stream, options.mode);
   if (!id.ok()) {
     a.release_graph_pool(pool).IgnoreError();

@@ -27,11 +27,13 @@ void detail::sort_findings(std::vector<Finding>& findings) {
   });
 }
 
-void CaptureTracker::Impl::count_writers(const WriteRecord& r, int delta) {
-  for (const RecordedWrite& w : r.writes) {
-    if (w.writer.sequence == 0) continue;
-    if ((writer_refs[w.writer.sequence] += delta) <= 0) writer_refs.erase(w.writer.sequence);
-  }
+void CaptureTracker::Impl::count_writers(const IndexedRecord& r, int delta) {
+  // One lookup per block the record names (its writes are grouped by block).
+  r.for_each_writer([&](std::uint64_t sequence, absl::Span<const std::size_t> accesses) {
+    if (sequence == 0) return;
+    auto it = writer_refs.try_emplace(sequence, 0).first;
+    if ((it->second += delta * static_cast<int>(accesses.size())) <= 0) writer_refs.erase(it);
+  });
 }
 
 // Forgets freed blocks nothing can ask about any more: no record names
@@ -58,9 +60,8 @@ void CaptureTracker::Impl::maybe_prune_history() {
 }
 
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
-  const std::uint64_t tick = ticks.fetch_add(1) + 1;
   std::lock_guard lock(log_mu);
-  log.push_back({event, tick});
+  log.push_back({event, ++ticks});
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
@@ -112,12 +113,11 @@ void CaptureTracker::Impl::apply_waivers(std::vector<Finding>& findings) const {
 PoolHandle CaptureTracker::Impl::drop_record(GraphHandle graph) {
   waivers.erase(graph);
   auto it = records.find(graph);
-  index.remove(*it->second);
   {
-    std::lock_guard pins_lock(pins_mu);
-    pinned.remove(*it->second);
+    std::lock_guard pins_lock(pins_mu);  // graph_uses reads the index under it
+    index.remove(*it->second);
   }
-  count_writers(it->second->record, -1);
+  count_writers(*it->second, -1);
   const PoolHandle pool = it->second->record.pool;
   records.erase(it);
   // A later graph may get the same handle (CUDA's are pointers): it starts
@@ -143,23 +143,35 @@ void CaptureTracker::Impl::drain_log() {
   }
   work.blocks += draining.size();
   // A block allocated and freed within the batch (a capture's transient)
-  // never enters the history's live indexes.
-  freed_in_batch.clear();
-  for (const detail::LoggedEvent& e : draining) {
-    if (e.event.kind == BlockEvent::Kind::kFree) freed_in_batch.insert(e.event.block.sequence);
-  }
+  // never enters the history's live indexes: allocations are noted outside
+  // them, and those the batch leaves live are indexed after its frees.
+  noted_in_batch.clear();
+  // The events of one capture come in runs: its allocation list is looked
+  // up once per run.
+  CaptureId run_capture = 0;
+  std::uintptr_t run_graph = 0;
+  std::vector<std::uint64_t>* run_allocated = nullptr;
   for (const detail::LoggedEvent& e : draining) {
     const BlockRef ref = BlockRef::from(e.event.block);
     if (e.event.kind == BlockEvent::Kind::kAllocate) {
-      history.note(e.event.block.device, ref, e.tick, freed_in_batch.contains(ref.sequence));
+      const std::size_t noted = history.note_in_batch(e.event.block.device, ref, e.tick);
+      if (noted != detail::BlockHistory::kNotNew) noted_in_batch.push_back(noted);
       if (ref.capture != 0) {
-        allocated_in[ref.capture].push_back(ref.sequence);
-        note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
+        // note_capture again with the same capture and graph changes nothing.
+        if (ref.capture != run_capture || run_allocated == nullptr ||
+            e.event.capture_graph != run_graph) {
+          run_capture = ref.capture;
+          run_graph = e.event.capture_graph;
+          run_allocated = &allocated_in[ref.capture];
+          note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
+        }
+        run_allocated->push_back(ref.sequence);
       }
     } else {
       history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
     }
   }
+  for (std::size_t noted : noted_in_batch) history.index_if_live(noted);
   draining.clear();
   // After the events, so that a capture's allocations are known before its
   // graph's end is.
@@ -181,7 +193,9 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
     history.note(device, out.back(), 0);
   }
   std::vector<const detail::Occupant*> stale;
-  for (const MemorySpan& span : spans) history.live_outside_overlapping(device, span, stale);
+  if (history.any_live_outside(device)) {
+    for (const MemorySpan& span : spans) history.live_outside_overlapping(device, span, stale);
+  }
   if (!stale.empty()) {
     absl::flat_hash_set<std::uint64_t> live_now;
     for (const BlockRef& b : out) live_now.insert(b.sequence);
@@ -235,8 +249,9 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
     if (w.mode != AccessMode::kWrite) read_spans.push_back(w.span);
   }
   std::vector<Finding> out;
+  std::vector<std::size_t> candidates;
   for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
-    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    r.writes_overlapping(victim.span(), candidates);
     ++work.victims;
     work.accesses += candidates.size();
     detail::find_clobbers(r, victim, candidates, out);
@@ -245,7 +260,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
   // another block (the common case, a read through its own live block,
   // finds nothing).
   for (const BlockRef& victim : live_victims(r.record.device, std::move(read_spans))) {
-    const std::vector<std::size_t> candidates = r.writes_overlapping(victim.span());
+    r.writes_overlapping(victim.span(), candidates);
     ++work.victims;
     work.accesses += candidates.size();
     detail::find_stale_reads(r, victim, candidates, out);
@@ -319,12 +334,11 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   auto indexed = std::make_unique<IndexedRecord>(std::move(record), std::move(order));
   const IndexedRecord& r = *indexed;
   ++work.records;
-  index.add(r);
   {
-    std::lock_guard pins_lock(pins_mu);
-    pinned.add(r);
+    std::lock_guard pins_lock(pins_mu);  // graph_uses reads the index under it
+    index.add(r);
   }
-  count_writers(r.record, +1);
+  count_writers(r, +1);
   records.emplace(graph, std::move(indexed));
 
   // (a) this graph against every live block it writes or reads; (b) every
@@ -345,10 +359,12 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
     }
   }
   absl::flat_hash_set<std::uint64_t> seen;
+  std::vector<std::pair<GraphHandle, std::size_t>> overlapping;
   for (const BlockRef& victim : live_victims(capture.device, std::move(victim_spans))) {
     if (!seen.insert(victim.sequence).second) continue;
     absl::btree_map<GraphHandle, std::vector<std::size_t>> by_graph;
-    for (auto [g, w] : index.overlapping(capture.device, victim.span())) {
+    index.overlapping(capture.device, victim.span(), overlapping);
+    for (auto [g, w] : overlapping) {
       if (g != graph) by_graph[g].push_back(w);
     }
     for (auto& [g, candidates] : by_graph) {
@@ -368,7 +384,9 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   if (detail::log().should_log(spdlog::level::warn)) {
     for (const Finding& f : fresh) detail::log().warn("{}", f.summary());
   }
+  // The trace's message is the finding's summary: built only for a trace.
   for (const Finding& f : fresh) {
+    if (!detail::trace_running(*allocator)) break;
     detail::trace_finding(*allocator, severity_name(f.severity), f.overlap.ptr, f.overlap.bytes,
                           f.graph, f.victim.sequence, f.victim.tag, f.summary());
   }
@@ -462,10 +480,8 @@ namespace capalloc {
 
 bool CaptureTracker::Impl::graph_uses(int device, MemorySpan span) const {
   std::lock_guard pins_lock(pins_mu);
-  for (const auto& [graph, write] : pinned.overlapping(device, span)) {
-    if (!gone_pins.contains(graph)) return true;
-  }
-  return false;
+  return index.any_overlapping(device, span,
+                               [&](GraphHandle graph) { return !gone_pins.contains(graph); });
 }
 
 }  // namespace capalloc

@@ -99,14 +99,18 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   DeviceRuntime* runtime = nullptr;
   std::atomic<bool> strict{false};
   std::atomic<bool> strict_possible{false};
-  std::atomic<std::uint64_t> ticks{0};
 
   detail::LogLock log_mu;
+  // Orders the allocator's events and the captures' starts. Guarded by
+  // log_mu: an event takes its tick as it is appended, so the log is in tick
+  // order, and costs no atomic operation of its own (an event during a
+  // capture is on the allocation path).
+  std::uint64_t ticks = 0;
   std::vector<detail::LoggedEvent> log;       // guarded by log_mu
   std::vector<detail::LoggedEvent> draining;  // guarded by mu
-  // The blocks freed in the batch drain_log is noting (kept for its
-  // capacity). Guarded by mu.
-  absl::flat_hash_set<std::uint64_t> freed_in_batch;
+  // The history indexes of the blocks the batch drain_log is noting
+  // allocated (kept for its capacity). Guarded by mu.
+  std::vector<std::size_t> noted_in_batch;
   std::vector<CaptureId> graphs_gone;         // guarded by log_mu
 
   mutable std::mutex mu;
@@ -116,7 +120,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   absl::flat_hash_map<CaptureId, std::vector<std::uint64_t>> allocated_in;
   detail::BlockHistory history;
   absl::flat_hash_map<GraphHandle, std::unique_ptr<IndexedRecord>> records;
-  detail::WriteIndex index;
+  detail::WriteIndex index;  // written with mu and pins_mu held; read with either
   // Waivers by graph: a victim block (sequence) or a tag, and the reason.
   struct Waiver {
     std::uint64_t victim = 0;  // 0: by tag
@@ -144,11 +148,13 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // its record built (inspected evidence).
   void on_capture_pool_end(CaptureId capture) override;
   bool graph_uses(int device, MemorySpan span) const override;
-  // What graph_uses answers from: every record's accesses, as `index` holds
-  // them, under a lock of its own, which the allocator takes with its lock
-  // held (pins_mu is a leaf: nothing is called while it is held).
+  // graph_uses answers from `index` under a lock of its own, which the
+  // allocator takes with its lock held (pins_mu is a leaf: nothing is called
+  // while it is held). `index` changes only with both mu and pins_mu held,
+  // so either lock suffices to read it; graph_uses reads it through
+  // any_overlapping, which leaves the work counter alone (the tracker's
+  // queries, under mu, count).
   mutable std::mutex pins_mu;
-  detail::WriteIndex pinned{/*by_writer=*/false};  // guarded by pins_mu
   // Records of discovered graphs the runtime reported gone
   // (on_capture_graph_gone) that the next drain_log drops: they pin nothing
   // from the report on, so that the call that learnt of it (empty_cache, the
@@ -183,7 +189,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   PoolHandle drop_record(GraphHandle graph);
 
   // Everything below requires mu.
-  void count_writers(const WriteRecord& r, int delta);
+  void count_writers(const IndexedRecord& r, int delta);
   void maybe_prune_history();
   void drain_log();
   std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans);

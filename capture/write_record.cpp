@@ -86,6 +86,10 @@ void add_declared_writes(const std::vector<GraphWrite>& writes, const CaptureWin
                          const BlockHistory& history, WriteRecord& record,
                          std::uint64_t& blocks_visited) {
   WriteEvidence weakest = WriteEvidence::kDeclared;
+  if (writes.empty()) {  // nothing to tie: skip listing the capture's frees
+    record.precision = weakest;
+    return;
+  }
   FreedDuringCapture freed(history, window);
   std::vector<const Occupant*> candidates;
   std::vector<MemorySpan> covered;

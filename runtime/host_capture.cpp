@@ -225,6 +225,24 @@ bool HostRuntime::any_capture_active(int device) const {
 }
 
 absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
+  // The allocator asks this at every allocation and free during a capture:
+  // one lookup under the lock, without copying the stream's shared_ptr (or
+  // building a StatusOr of it) as find_stream does. Nothing here allocates
+  // or throws on success; the error path builds its message through
+  // find_stream.
+  {
+    std::lock_guard lock(mu_);
+    const auto it = streams_.find(stream);
+    if (it != streams_.end()) {
+      const CaptureState* capture = it->second->capture.get();
+      if (capture == nullptr) return CaptureInfo{};
+      return CaptureInfo{
+          .status = capture->status,
+          .id = capture->id,
+          .position = capture->nodes.ops.size(),
+          .graph = static_cast<std::uintptr_t>(capture->id)};
+    }
+  }
   return guarded("host runtime: capture_info", [&]() -> absl::StatusOr<CaptureInfo> {
     std::lock_guard lock(mu_);
     auto st = find_stream(stream, "capture_info");
