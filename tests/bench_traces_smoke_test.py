@@ -15,6 +15,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 GENERATOR = os.path.join(HERE, "..", "tools", "trace", "gen_traces.py")
 ALLOCATORS = ["capalloc", "naive", "glibc", "jemalloc", "mimalloc", "tcmalloc"]
+# Run where a GPU (and, for torch, PyTorch) is present; else skipped with why.
+GPU_ALLOCATORS = ["capalloc-cuda", "cudaMallocAsync", "torch"]
+TORCH_REPLAY = os.path.join(HERE, "..", "tools", "trace", "torch_replay.py")
 LIBRARIES = {"glibc": "libc.so", "jemalloc": "jemalloc", "mimalloc": "mimalloc", "tcmalloc": "tcmalloc"}
 
 failures = []
@@ -46,7 +49,15 @@ def main():
     check(len(result["traces"]) == len(paths), "one entry per trace")
     for name, trace in zip(names, result["traces"]):
         by = {r["allocator"]: r for r in trace["results"]}
-        check(sorted(by) == sorted(ALLOCATORS), "%s: allocators %s" % (name, sorted(by)))
+        check(sorted(by) == sorted(ALLOCATORS + GPU_ALLOCATORS), "%s: allocators %s" % (name, sorted(by)))
+        for gpu in GPU_ALLOCATORS:
+            r = by[gpu]
+            if r["status"] == "skipped":
+                check(bool(r.get("reason")), "%s: %s skipped without a reason" % (name, gpu))
+            else:
+                check(r["status"] == "ok" and name != "capture", "%s: %s %s" % (name, gpu, r))
+                check(positive(r.get("ns_per_op_median")) and positive(r.get("peak_reserved_bytes")),
+                      "%s: %s times and reserved bytes" % (name, gpu))
         check(trace["operations"] == trace["allocs"] + trace["frees"] and trace["operations"] > 0,
               "%s: operation counts" % name)
         check(trace["peak_requested_bytes"] > 0, "%s: peak requested" % name)
@@ -91,6 +102,18 @@ def main():
         for r in json.loads(run.stdout)["traces"][0]["results"]:
             check(r["status"] == "ok" and positive(r["ir_per_pair"]) and positive(r["ir_per_alloc"])
                   and positive(r["ir_per_free"]), "--callgrind: %s" % r)
+
+    # The PyTorch replay says whether it can run here (exit 0) or why not.
+    run = subprocess.run([sys.executable, TORCH_REPLAY, "--check"], capture_output=True, text=True)
+    check(run.returncode == 0 or ("PyTorch" in run.stderr and run.returncode == 1),
+          "torch_replay.py --check: %d %s" % (run.returncode, run.stderr))
+    # --callgrind skips the GPU allocators, saying why.
+    run = subprocess.run([capalloc, "bench", "--callgrind", "--json", "--allocators",
+                          "cudaMallocAsync", paths[1]], capture_output=True, text=True)
+    check(run.returncode == 0, "--callgrind cudaMallocAsync exited %d" % run.returncode)
+    if run.returncode == 0:
+        r = json.loads(run.stdout)["traces"][0]["results"][0]
+        check(r["status"] == "skipped" and r["reason"], "--callgrind cudaMallocAsync: %s" % r)
 
     # A bad trace fails with its line; a missing file is a usage error.
     bad = os.path.join(work, "bad.jsonl")

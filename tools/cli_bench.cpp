@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -38,9 +39,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "tools/cli.hpp"
 #include "tools/cli_bench.hpp"
+#include "tools/trace/cuda_async_backend.hpp"
 #include "tools/trace/replay.hpp"
 
 #ifndef CAPALLOC_LIBRARY_ARCHITECTURE
@@ -54,8 +57,48 @@ namespace capalloc::cli::bench {
 
 using Json = nlohmann::ordered_json;
 
+namespace {
+
+// The GPU allocators: whether this machine can run them, and how.
+AllocatorSetup setup_gpu_allocator(AllocatorSetup setup) {
+  setup.gpu = true;
+  if (setup.name == "capalloc-cuda") {
+    setup.runtime = "cuda";
+    auto runtime = make_runtime("cuda");
+    if (!runtime.ok()) {
+      setup.unavailable = absl::StrCat("no CUDA device: ", runtime.status().message());
+    } else if ((*runtime)->device_count() == 0) {
+      setup.unavailable = "no CUDA device";
+    }
+  } else if (setup.name == "cudaMallocAsync") {
+    setup.unavailable = trace::CudaAsyncBackend::available();
+  } else if (setup.name == "torch") {
+    // The source tree's script, unless CAPALLOC_TORCH_REPLAY names another
+    // (the GPU bundle's check runs from a copy of the tree elsewhere).
+    const char* given = std::getenv("CAPALLOC_TORCH_REPLAY");
+    const std::string script = given != nullptr && *given != '\0' ? given : CAPALLOC_TORCH_REPLAY;
+    setup.command = {"python3", script};
+    if (access(script.c_str(), R_OK) != 0) {
+      setup.unavailable = absl::StrCat(script, " not found");
+    } else {
+      auto check = trace::run_child({"python3", script, "--check"}, {});
+      if (!check.ok()) {
+        setup.unavailable = std::string(check.status().message());
+      } else if (check->exit_code != 0) {
+        setup.unavailable = std::string(absl::StripAsciiWhitespace(check->err));
+      }
+    }
+  }
+  return setup;
+}
+
+}  // namespace
+
 AllocatorSetup setup_allocator(const std::string& name) {
   AllocatorSetup setup{.name = name};
+  if (name == "capalloc-cuda" || name == "cudaMallocAsync" || name == "torch") {
+    return setup_gpu_allocator(std::move(setup));
+  }
   static const std::map<std::string, std::string> kLibraries = {
       {"jemalloc", "libjemalloc.so.2"},
       {"mimalloc", "libmimalloc.so.2"},
@@ -84,13 +127,18 @@ absl::StatusOr<std::string> run_replay_child(const AllocatorSetup& allocator,
                                              const std::string& trace_path, bool counted,
                                              const std::vector<std::string>& wrapper) {
   std::vector<std::string> argv = wrapper;
-  for (const std::string& a : {trace::self_executable(), std::string("bench-replay"), trace_path,
-                               std::string("--allocator"), allocator.name}) {
-    argv.push_back(a);
+  if (!allocator.command.empty()) {
+    argv.insert(argv.end(), allocator.command.begin(), allocator.command.end());
+    argv.push_back(trace_path);
+  } else {
+    for (const std::string& a : {trace::self_executable(), std::string("bench-replay"), trace_path,
+                                 std::string("--allocator"), allocator.name}) {
+      argv.push_back(a);
+    }
+    if (counted) argv.push_back("--counted");
   }
-  if (counted) argv.push_back("--counted");
   std::map<std::string, std::optional<std::string>> env = {
-      {"CAPALLOC_RUNTIME", "host"},
+      {"CAPALLOC_RUNTIME", allocator.runtime},
       {"CAPALLOC_LOG_LEVEL", "error"},
       {"LD_PRELOAD", std::nullopt},
       // tcmalloc reports every allocation over 1 GiB on stderr otherwise.

@@ -14,9 +14,13 @@
 
 namespace capalloc::cli::bench {
 
-// capalloc and the naive baseline first, then the host allocators.
-inline const std::vector<std::string> kAllocators = {"capalloc", "naive",    "glibc",
-                                                     "jemalloc", "mimalloc", "tcmalloc"};
+// capalloc and the naive baseline first, then the host allocators, then
+// the GPU ones (skipped, with the reason, on a machine without a device):
+// capalloc on its cuda runtime, the CUDA runtime's cudaMallocAsync, and
+// PyTorch's caching allocator (tools/trace/torch_replay.py).
+inline const std::vector<std::string> kAllocators = {
+    "capalloc", "naive",         "glibc",           "jemalloc", "mimalloc",
+    "tcmalloc", "capalloc-cuda", "cudaMallocAsync", "torch"};
 
 // One allocator as this machine has it.
 struct AllocatorSetup {
@@ -24,6 +28,9 @@ struct AllocatorSetup {
   std::string preload;      // the library to LD_PRELOAD ("" for none)
   std::string unavailable;  // why it cannot run here ("" when it can)
   bool host_malloc = false; // glibc, jemalloc, mimalloc, tcmalloc: no captures
+  bool gpu = false;         // capalloc-cuda, cudaMallocAsync, torch: device memory
+  std::string runtime = "host";        // the child's CAPALLOC_RUNTIME
+  std::vector<std::string> command;    // the child's program instead of bench-replay
 };
 
 AllocatorSetup setup_allocator(const std::string& name);

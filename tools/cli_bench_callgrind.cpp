@@ -115,6 +115,9 @@ int callgrind_command(const std::vector<std::string>& trace_paths,
       if (!setup.unavailable.empty()) {
         r["status"] = "skipped";
         r["reason"] = setup.unavailable;
+      } else if (setup.gpu) {
+        r["status"] = "skipped";
+        r["reason"] = "a GPU allocator: callgrind counts no device work";
       } else if (trace.has_captures() && name != "capalloc") {
         r["status"] = "skipped";
         r["reason"] = "a trace with captures replays through capalloc only";

@@ -52,7 +52,7 @@ only=""
 only_given=0
 keep_logs=0
 all_steps=(nvidia-smi bundle-fresh bundle-loads gpu-tests arms gemm-scenario torch-arms
-           torch-native-capture torch-shim gemm-vs-cublas)
+           torch-native-capture torch-shim gemm-vs-cublas bench-gpu)
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -278,6 +278,20 @@ run_torch_shim() {
     "$python" "$py/torch_shim_check.py"
 }
 
+# capalloc bench's GPU columns (capalloc on the cuda runtime, cudaMallocAsync,
+# PyTorch's caching allocator) next to capalloc on the host runtime, on a
+# small generated churn trace. Needs the source tree for the generator and
+# the PyTorch replay script.
+run_bench_gpu() {
+  [[ -n "$python" ]] || { echo "no python3"; return 77; }
+  [[ -f "$tree/tools/trace/gen_traces.py" ]] || { echo "no source tree at $tree"; return 77; }
+  local dir
+  dir="$(mktemp -d)"
+  "$python" "$tree/tools/trace/gen_traces.py" churn --allocs 20000 --out "$dir/churn.jsonl" || return 1
+  CAPALLOC_TORCH_REPLAY="$tree/tools/trace/torch_replay.py" "$bin/capalloc" bench --repetitions 2 \
+    --allocators capalloc,capalloc-cuda,cudaMallocAsync,torch "$dir/churn.jsonl"
+}
+
 run_gemm_vs_cublas() {
   local dirs
   dirs="$(cublas_dirs)"
@@ -302,6 +316,7 @@ step torch-arms 60 run_torch_arms
 step torch-native-capture 45 run_torch_native_capture
 step torch-shim 100 run_torch_shim
 step gemm-vs-cublas 45 run_gemm_vs_cublas
+step bench-gpu 40 run_bench_gpu
 
 gpu_line="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tools/trace/cuda_async_backend.hpp"
 #include "tools/trace/replay_backends.hpp"
 #include "tools/trace/trace_reader.hpp"
 
@@ -267,7 +268,7 @@ absl::StatusOr<nlohmann::ordered_json> replay_with(Backend& backend, const Trace
     }
     out["pools"] = pool_list;
   }
-  if constexpr (std::is_same_v<Backend, NaiveBackend>) {
+  if constexpr (std::is_same_v<Backend, NaiveBackend> || std::is_same_v<Backend, CudaAsyncBackend>) {
     out["stats"] = {{"reserved_bytes_peak", backend.peak_reserved()}};
   }
   return out;
@@ -278,8 +279,16 @@ absl::StatusOr<nlohmann::ordered_json> replay_with(Backend& backend, const Trace
 absl::StatusOr<nlohmann::ordered_json> run_replay(const ReplayOptions& options) {
   auto trace = read_trace(options.trace_path);
   if (!trace.ok()) return trace.status();
-  if (options.allocator == "capalloc") {
-    CapallocBackend backend;
+  if (options.allocator == "capalloc" || options.allocator == "capalloc-cuda") {
+    CapallocBackend backend(options.allocator == "capalloc" ? "host" : "cuda");
+    return replay_with(backend, *trace, options);
+  }
+  if (options.allocator == "torch") {
+    return absl::InvalidArgumentError(
+        "PyTorch's caching allocator is replayed by tools/trace/torch_replay.py, not bench-replay");
+  }
+  if (options.allocator == "cudaMallocAsync") {
+    CudaAsyncBackend backend;
     return replay_with(backend, *trace, options);
   }
   if (options.allocator == "naive") {

@@ -22,9 +22,10 @@ absl::Status c_error(const char* call) {
 absl::Status CapallocBackend::open(const Trace& trace) {
   const char* runtime = capalloc_runtime_name();
   if (runtime == nullptr) return c_error("capalloc_runtime_name");
-  if (std::string_view(runtime) != "host") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "capalloc runs on the \"", runtime, "\" runtime; the benchmark needs CAPALLOC_RUNTIME=host"));
+  if (std::string_view(runtime) != runtime_) {
+    return absl::FailedPreconditionError(absl::StrCat("capalloc runs on the \"", runtime,
+                                                      "\" runtime; this replay needs CAPALLOC_RUNTIME=",
+                                                      runtime_));
   }
   streams_.assign(trace.stream_ids.size(), nullptr);  // dense stream 0: the default stream
   for (std::size_t s = 1; s < streams_.size(); ++s) {

@@ -5,7 +5,9 @@
 //
 //   CapallocBackend  the process-wide capalloc through the C ABI entry points
 //                    PyTorch uses (capalloc_torch_malloc/_free), captures
-//                    through the C ABI capture calls; CAPALLOC_RUNTIME=host
+//                    through the C ABI capture calls; CAPALLOC_RUNTIME=host,
+//                    or cuda for the GPU column
+//   CudaAsyncBackend cudaMallocAsync/cudaFreeAsync (cuda_async_backend.hpp)
 //   NaiveBackend     one host-runtime reserve and release per request
 //                    (MemoryRuntime::reserve/release), the cost of having no
 //                    allocator at all
@@ -41,6 +43,11 @@ struct PoolMemory {
 class CapallocBackend {
  public:
   static constexpr bool kSupportsCaptures = true;
+
+  // `runtime`: the capalloc runtime the process must be running ("host";
+  // "cuda" for the GPU column), so that a result is never reported for
+  // another.
+  explicit CapallocBackend(std::string runtime) : runtime_(std::move(runtime)) {}
 
   // Creates the trace's streams and graph pools (the process-wide capalloc
   // starts here); the pools live until the process ends.
@@ -79,6 +86,7 @@ class CapallocBackend {
   absl::Status end_pass();
 
  private:
+  std::string runtime_;
   std::vector<void*> streams_;
   std::vector<std::uint64_t> pools_;
   std::vector<void*> capture_streams_;
