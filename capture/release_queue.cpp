@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -417,22 +418,66 @@ ReleaseQueueStats ReleaseQueue::stats() const {
 
 MemoryRuntime& ReleaseQueue::runtime() const { return *impl_->runtime; }
 
+namespace {
+
+absl::Status check_request(MemoryRuntime& runtime, int device, const ReleaseQueue::Callback& callback,
+                           const std::vector<MemorySpan>& memory) {
+  if (!callback) return absl::InvalidArgumentError("release: the callback is empty");
+  if (device < 0 || device >= runtime.device_count()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "release: device %d does not exist (the runtime has %d)", device, runtime.device_count()));
+  }
+  for (const MemorySpan& span : memory) {
+    if (span.ptr == nullptr || span.bytes == 0) {
+      return absl::InvalidArgumentError(
+          "release: a memory span is empty (null pointer or zero bytes); name the memory the "
+          "callback gives back, or none");
+    }
+    if (span.bytes > std::numeric_limits<std::uintptr_t>::max() - span.begin()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "release: the memory span at %p of %u bytes runs past the end of the address space",
+          span.ptr, span.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReleaseQueue::release_after_stream_destroyed(int device, StreamHandle stream,
+                                                          Callback callback,
+                                                          std::vector<MemorySpan> memory) {
+  return detail::guarded("release queue", [&]() -> absl::Status {
+    CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
+    // No event and no capture flag: work_done() finds the stream gone and
+    // the entry ready (or, should a new stream have the handle by then,
+    // waits for that stream's work: later than needed, never earlier).
+    Entry e{.device = device,
+            .stream = stream,
+            .memory = std::move(memory),
+            .callback = std::move(callback)};
+    impl_->trace_requested(e);
+    {
+      std::unique_lock lock(impl_->mu());
+      ++impl_->counts.requested;
+      ++impl_->counts.pending;
+      if (!impl_->drained) {
+        impl_->pending.push_back(std::move(e));
+        ++impl_->wakeup->generation;
+        lock.unlock();
+        impl_->wakeup->cv.notify_all();
+        return absl::OkStatus();
+      }
+    }
+    impl_->run_callback(e, /*at_teardown=*/true);
+    return absl::OkStatus();
+  });
+}
+
 absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback callback,
                                    std::vector<MemorySpan> memory) {
   return detail::guarded("release queue", [&]() -> absl::Status {
-    if (!callback) return absl::InvalidArgumentError("release: the callback is empty");
-    if (device < 0 || device >= impl_->runtime->device_count()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("release: device %d does not exist (the runtime has %d)", device,
-                          impl_->runtime->device_count()));
-    }
-    for (const MemorySpan& span : memory) {
-      if (span.ptr == nullptr || span.bytes == 0) {
-        return absl::InvalidArgumentError(
-            "release: a memory span is empty (null pointer or zero bytes); name the memory the "
-            "callback gives back, or none");
-      }
-    }
+    CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
     Entry e{.device = device,
             .stream = stream,
             .memory = std::move(memory),

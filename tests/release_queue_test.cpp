@@ -109,6 +109,24 @@ TEST_CASE("release queue: bad input is an error that changes nothing") {
   CHECK_FALSE(ran);
 }
 
+// Break test 13, item 7: documented in docs/errors.md.
+TEST_CASE("release queue: after drain, a release on a capturing stream is refused") {
+  World w;
+  const StreamHandle capturing = w.rt->create_stream(0).value();
+  REQUIRE_OK(w.queue->drain());
+  REQUIRE_OK(w.tracker->begin_capture(0, capturing));
+  bool ran = false;
+  const auto before = w.queue->stats();
+  absl::Status status = w.queue->release(0, capturing, [&] { ran = true; });
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(status.message()).find("the release queue was drained") != std::string::npos);
+  CHECK_FALSE(ran);
+  CHECK(w.queue->stats().requested == before.requested);
+  auto done = w.tracker->end_capture(capturing);
+  REQUIRE_OK(done);
+  REQUIRE_OK(w.tracker->destroy_graph(done->graph));
+}
+
 TEST_CASE("release queue: a release on a capturing stream waits until its graph is destroyed") {
   World w;
   const StreamHandle capturing = w.rt->create_stream(0).value();

@@ -245,6 +245,7 @@ void add_audit_command(CLI::App& app, Runner& run) {
       ->check(CLI::ExistingFile);
   command->add_option("--since", flags->since,
                       "with --trace: only blocks with an id above this one")
+      ->check(unsigned_at_most(std::numeric_limits<std::uint64_t>::max()))
       ->capture_default_str();
   flags->settings = std::make_unique<SettingsFlags>(*command, kRuntimeFlag | kLogLevelFlag);
   command->callback([flags, &run] {

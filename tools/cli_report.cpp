@@ -93,6 +93,7 @@ void add_report_command(CLI::App& app, Runner& run) {
       ->add_option("--max-blocks", flags->max_blocks,
                    "draw at most this many of a trace's blocks (those of findings, live at the "
                    "end, largest and longest first; the rest summarized); 0: all")
+      ->check(unsigned_at_most(std::uint64_t{1} << 40))
       ->capture_default_str();
   command->callback([flags, &run] { run = [flags] { return report_command(*flags); }; });
 }

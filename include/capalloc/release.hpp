@@ -127,6 +127,13 @@ class CAPALLOC_API ReleaseQueue {
   // remove a hook.
   std::uint64_t add_teardown_hook(absl::AnyInvocable<void()> hook);
   void remove_teardown_hook(std::uint64_t id);
+  // release() for a stream the caller knows was live and has since been
+  // destroyed (destroy_stream waited for its work): nothing is left to wait
+  // for on it, so the callback runs in request order once no live graph uses
+  // `memory` (at once after teardown). DlpackImports uses it for a tensor
+  // whose import stream is gone.
+  absl::Status release_after_stream_destroyed(int device, StreamHandle stream, Callback callback,
+                                              std::vector<MemorySpan> memory);
 
   struct Impl;
   explicit ReleaseQueue(std::unique_ptr<Impl> impl);

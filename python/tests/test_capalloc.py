@@ -490,6 +490,91 @@ class ReleaseTest(unittest.TestCase):
         self.assertEqual(child.stdout.split("\n")[:2], ["imported 64", "deleter ran"], child.stdout)
         self.assertIn("1 tensor(s) still imported at teardown were released", child.stderr)
 
+    def test_a_second_release_never_releases_a_reused_struct(self):
+        # Break test 13, item 2: a producer that reuses its DLManagedTensor
+        # once the deleter has run gives the next import the same address; a
+        # second release() of the first handle released the second import.
+        producer = _Producer()
+        first = capalloc.dlpack_import(producer.capsule())
+        first.release()
+        _wait_until_released()
+        self.assertTrue(first.released)
+        second = capalloc.dlpack_import(producer.capsule())  # the same struct
+        with self.assertRaises(capalloc.CapallocError) as e:
+            first.release()
+        self.assertEqual(e.exception.status, 3)
+        self.assertIn("released already", str(e.exception))
+        _wait_until_released()
+        self.assertEqual(producer.deleted, 1)  # the second import is untouched
+        # The C ABI's token alone protects too (a handle made before the flag).
+        stale = capalloc.ImportedTensor(first._managed, first.data, first.nbytes, None,
+                                        first._token)
+        with self.assertRaises(capalloc.CapallocError) as e:
+            stale.release()
+        self.assertIn("released already", str(e.exception))
+        self.assertEqual(producer.deleted, 1)
+        second.release()
+        _wait_until_released()
+        self.assertEqual(producer.deleted, 2)
+        # A drain releases what is still imported: the handle then knows (in
+        # a child: a drain here would stop this process's progress thread).
+        code = ("import sys\n"
+                "sys.path.insert(0, %r)\n"
+                "import capalloc, test_capalloc\n"
+                "p = test_capalloc._Producer()\n"
+                "t = capalloc.dlpack_import(p.capsule())\n"
+                "capalloc.release_drain()\n"
+                "print(t.released, p.deleted)\n"
+                "try:\n"
+                "    t.release()\n"
+                "except capalloc.CapallocError as e:\n"
+                "    print('refused', e.status)\n" % os.path.dirname(os.path.abspath(__file__)))
+        child = run_child(code, {"CAPALLOC_LOG_LEVEL": "error"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertEqual(child.stdout.splitlines(), ["True 1", "refused 3"], child.stdout)
+
+    def test_import_after_the_exit_drain_is_refused_not_a_crash(self):
+        # Break test 13, item 3: an atexit handler that runs after the
+        # package's drain imported a tensor (or requested a release); the
+        # library's own exit handler then ran the Python deleter after
+        # finalization (SIGSEGV). Now both are refused with a clear error.
+        code = (
+            "import atexit, sys\n"
+            "sys.path.insert(0, %r)\n"
+            "keep = []\n"
+            "def late():\n"
+            "    import capalloc, test_capalloc\n"
+            "    p = test_capalloc._Producer(); keep.append(p)\n"
+            "    c = p.capsule(); keep.append(c)\n"
+            "    for call in (lambda: capalloc.dlpack_import(c),\n"
+            "                 lambda: capalloc.release_on_stream(lambda: None)):\n"
+            "        try:\n"
+            "            call(); print('accepted', flush=True)\n"
+            "        except capalloc.CapallocError as e:\n"
+            "            print('refused', e.status, e, flush=True)\n"
+            "atexit.register(late)\n"
+            "import capalloc\n"
+            "capalloc.release_on_stream(lambda: None)\n" % os.path.dirname(os.path.abspath(__file__)))
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stdout + child.stderr)
+        lines = child.stdout.splitlines()
+        self.assertEqual(len(lines), 2, child.stdout)
+        for line in lines:
+            self.assertTrue(line.startswith("refused 4"), line)
+            self.assertIn("capalloc's exit drain has run", line)
+
+    def test_a_failed_release_on_stream_leaves_no_exit_message(self):
+        # Break test 13, item 8: _release_used was set before the call, so a
+        # failed first release made the exit drain print a stale error.
+        code = ("import capalloc\n"
+                "try:\n"
+                "    capalloc.release_on_stream(lambda: None, stream=0x7777)\n"
+                "except capalloc.CapallocError:\n"
+                "    pass\n")
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertNotIn("release_drain at exit", child.stderr)
+
     def test_dlpack_import_refuses_a_device_the_runtime_cannot_serve(self):
         producer = _Producer(device_type=_KDLCUDA)
         capsule = producer.capsule()
