@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocation_sites.hpp"
 #include "allocator/allocator_impl.hpp"
@@ -83,27 +84,37 @@ LiveSince Allocator::live_since(AuditCheckpoint since) const {
           b->ptr(), b->size, b->requested, b->sequence, b->segment->device, b->segment->stream});
     });
   }
-  // Symbolized outside the allocator's lock.
+  // Symbolized outside the allocator's lock. Two sites can differ only in
+  // raw frames that symbolize alike (return addresses inside one function,
+  // frames past what is shown): groups are keyed by what is shown (tag,
+  // site, location, stack), so identical-looking groups are one.
   LiveSince out;
   out.since = since;
+  absl::flat_hash_map<std::string, std::size_t> shown;  // what is shown -> index in out.groups
   for (auto& [key, blocks] : by_key) {
-    std::sort(blocks.begin(), blocks.end(),
-              [](const LiveBlock& a, const LiveBlock& b) { return a.sequence < b.sequence; });
     LiveGroup g;
     g.tag = std::string(detail::interned(static_cast<std::uint32_t>(key >> 32)));
     detail::SiteDescription site = detail::describe_site(static_cast<std::uint32_t>(key));
     g.site = std::move(site.summary);
     g.location = std::move(site.location);
     g.stack = std::move(site.frames);
+    std::string seen = absl::StrCat(g.tag.size(), ":", g.tag, g.site.size(), ":", g.site,
+                                    g.location.size(), ":", g.location);
+    for (const std::string& f : g.stack) absl::StrAppend(&seen, f.size(), ":", f);
+    auto [it, fresh] = shown.try_emplace(std::move(seen), out.groups.size());
+    LiveGroup& into = fresh ? out.groups.emplace_back(std::move(g)) : out.groups[it->second];
     for (const LiveBlock& b : blocks) {
-      ++g.blocks;
-      g.bytes += b.size;
-      g.requested_bytes += b.requested;
+      ++into.blocks;
+      into.bytes += b.size;
+      into.requested_bytes += b.requested;
+      into.block_list.push_back(b);
     }
-    g.block_list = std::move(blocks);
-    out.blocks += g.blocks;
-    out.bytes += g.bytes;
-    out.groups.push_back(std::move(g));
+    out.blocks += blocks.size();
+    for (const LiveBlock& b : blocks) out.bytes += b.size;
+  }
+  for (LiveGroup& g : out.groups) {
+    std::sort(g.block_list.begin(), g.block_list.end(),
+              [](const LiveBlock& a, const LiveBlock& b) { return a.sequence < b.sequence; });
   }
   std::sort(out.groups.begin(), out.groups.end(), [](const LiveGroup& a, const LiveGroup& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;

@@ -621,6 +621,44 @@ def _define_trivial_kernels_like_cute_4_6_1():
 
 
 class RetentionAuditTest(unittest.TestCase):
+    def test_live_since_groups_by_what_it_shows(self):
+        # Break test 13, item 6: with stacks recorded, allocations from one
+        # Python line on threads of different depths made one group per raw
+        # stack, each shown with the same tag, site and symbolized frames.
+        capalloc.record_stacks(True)
+        try:
+            lib = capalloc.load()
+            lib.capalloc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                            ctypes.c_int, ctypes.c_void_p]
+            cp = capalloc.checkpoint()
+            ptrs = []
+            lock = threading.Lock()
+
+            def deep(n):
+                if n:
+                    return deep(n - 1)
+                p = ctypes.c_void_p()
+                self.assertEqual(lib.capalloc_malloc(ctypes.byref(p), 4096, 0, None), 0)
+                with lock:
+                    ptrs.append(p.value)
+
+            threads = [threading.Thread(target=lambda: [deep(30) for _ in range(100)])
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            live = capalloc.live_since(cp)
+        finally:
+            capalloc.record_stacks(False)
+        for p in ptrs:
+            lib.capalloc_free(ctypes.c_void_p(p))
+        shown = [(g["tag"], g["site"], g["location"], tuple(g["stack"])) for g in live["groups"]]
+        self.assertEqual(len(shown), len(set(shown)), shown)
+        self.assertEqual(live["blocks"], 400)
+        self.assertEqual(sum(g["blocks"] for g in live["groups"]), 400)
+        self.assertEqual(sum(len(g["block_list"]) for g in live["groups"]), 400)
+
     def test_seed002_decorator_frame_cycle_pins_a_buffer_and_live_since_names_tag_and_site(self):
         import gc
         gc.disable()  # as CUDA-graph training loops run
