@@ -389,11 +389,15 @@ absl::StatusOr<std::unique_ptr<ReleaseQueue>> ReleaseQueue::create(const Capture
 ReleaseQueue::~ReleaseQueue() { impl_->teardown(); }
 
 absl::Status ReleaseQueue::drain() {
-  if (std::this_thread::get_id() == impl_->thread_id ||
-      std::this_thread::get_id() == impl_->tearing_down_on.load()) {
+  if (std::this_thread::get_id() == impl_->thread_id) {
     return absl::FailedPreconditionError(
         "ReleaseQueue::drain: called from a release callback (the progress thread would wait "
         "for itself)");
+  }
+  if (std::this_thread::get_id() == impl_->tearing_down_on.load()) {
+    return absl::FailedPreconditionError(
+        "ReleaseQueue::drain: called from a release callback run by teardown (drain(), the "
+        "destructor or the exit handler is already draining on this thread)");
   }
   impl_->teardown();
   return absl::OkStatus();
