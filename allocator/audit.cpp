@@ -241,13 +241,17 @@ void trace_replay(const Allocator& a, CaptureId capture) {
 void trace_graph_destroy(const Allocator& a, CaptureId capture) {
   with_trace(a, [&](EventTrace& t) { t.graph_destroy(capture); });
 }
-void trace_release(const Allocator& a, std::uint64_t id, const void* addr, StreamHandle stream) {
+void trace_release(const Allocator& a, std::uint64_t request, std::uint64_t id, const void* addr,
+                   StreamHandle stream) {
   with_trace(a, [&](EventTrace& t) {
-    t.release(id, reinterpret_cast<std::uintptr_t>(addr), stream);
+    t.release(request, id, reinterpret_cast<std::uintptr_t>(addr), stream);
   });
 }
-void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr) {
-  with_trace(a, [&](EventTrace& t) { t.release_done(id, reinterpret_cast<std::uintptr_t>(addr)); });
+void trace_release_done(const Allocator& a, std::uint64_t request, std::uint64_t id,
+                        const void* addr) {
+  with_trace(a, [&](EventTrace& t) {
+    t.release_done(request, id, reinterpret_cast<std::uintptr_t>(addr));
+  });
 }
 void trace_finding(const Allocator& a, std::string_view severity, const void* addr,
                    std::size_t size, std::uint64_t graph, std::uint64_t victim,

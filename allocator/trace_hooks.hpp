@@ -29,8 +29,11 @@ void trace_replay(const Allocator& a, CaptureId capture);
 void trace_graph_destroy(const Allocator& a, CaptureId capture);
 // A stream-ordered release of a block (`id`: its sequence) or of memory
 // capalloc does not own (`id` 0, `addr`), and its callback having run.
-void trace_release(const Allocator& a, std::uint64_t id, const void* addr, StreamHandle stream);
-void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr);
+// `request` numbers the release (per queue, from 1), on both lines.
+void trace_release(const Allocator& a, std::uint64_t request, std::uint64_t id, const void* addr,
+                   StreamHandle stream);
+void trace_release_done(const Allocator& a, std::uint64_t request, std::uint64_t id,
+                        const void* addr);
 // A finding of the capture tracker: where (`addr`, `size`: the harmed
 // bytes), which graph, the victim block, and the finding in one paragraph.
 void trace_finding(const Allocator& a, std::string_view severity, const void* addr,

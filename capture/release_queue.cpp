@@ -66,6 +66,7 @@ struct Entry {
   std::shared_ptr<std::atomic<bool>> capture_graph_gone;
   std::vector<MemorySpan> memory;
   ReleaseQueue::Callback callback;
+  std::uint64_t number = 0;  // the request's number in the event trace
 };
 
 }  // namespace
@@ -88,6 +89,7 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   std::uint64_t next_hook = 1;                                        // guarded by hooks_mu
   std::mutex teardown_mu;                          // held for the whole of teardown(); before `mu`
   std::atomic<std::thread::id> tearing_down_on{};  // the thread in teardown(), if any
+  std::atomic<std::uint64_t> next_number{1};       // numbers the requests (event trace)
 
   std::mutex& mu() const { return wakeup->mu; }
 
@@ -161,14 +163,15 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   // The event trace of the tracker's allocator (docs/trace.md: `release`
   // and `release_done`, by the first memory span's address; none without a
   // tracker, or when no trace runs).
-  void trace_requested(const Entry& e) const {
+  void trace_requested(Entry& e) {
+    e.number = next_number.fetch_add(1, std::memory_order_relaxed);
     if (tracker == nullptr) return;
-    detail::trace_release(tracker->allocator(), 0, e.memory.empty() ? nullptr : e.memory[0].ptr,
-                          e.stream);
+    detail::trace_release(tracker->allocator(), e.number, 0,
+                          e.memory.empty() ? nullptr : e.memory[0].ptr, e.stream);
   }
   void trace_done(const Entry& e) const {
     if (tracker == nullptr) return;
-    detail::trace_release_done(tracker->allocator(), 0,
+    detail::trace_release_done(tracker->allocator(), e.number, 0,
                                e.memory.empty() ? nullptr : e.memory[0].ptr);
   }
 
