@@ -157,8 +157,8 @@ std::string live_since_to_json(const LiveSince& live) {
 
 AllocationTagScope::AllocationTagScope(Allocator& allocator, std::string_view tag,
                                        std::string_view location) {
-  detail::enable_tag_scopes(allocator);
-  pushed_ = detail::push_tag_scope(tag, location).ok();
+  const void* owner = detail::enable_tag_scopes(allocator);
+  pushed_ = detail::push_tag_scope(tag, location, owner).ok();
 }
 
 AllocationTagScope::~AllocationTagScope() {
@@ -222,10 +222,12 @@ void with_trace(const Allocator& a, Body&& body) {
 
 }  // namespace
 
-void enable_tag_scopes(const Allocator& a) {
+const void* enable_tag_scopes(const Allocator& a) {
   auto& m = AllocatorAccess::impl(a);
   std::lock_guard lock(m.mu);
-  m.observe().apply_tag_scopes = true;
+  Observation& o = m.observe();
+  o.apply_tag_scopes = true;
+  return &o;  // lives as long as the allocator: the owner of its scopes
 }
 
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,

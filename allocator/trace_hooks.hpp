@@ -19,8 +19,9 @@ struct AllocatorAccess {
 };
 
 // Makes `a` apply the calling threads' tag scopes (allocation_sites.hpp)
-// from now on, as an AllocationTagScope does (the C ABI's capalloc_push_tag).
-void enable_tag_scopes(const Allocator& a);
+// that it owns from now on, as an AllocationTagScope does (the C ABI's
+// capalloc_push_tag); returns the owner token those scopes carry.
+const void* enable_tag_scopes(const Allocator& a);
 
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,
                          PoolHandle pool, int device, std::string_view label);
