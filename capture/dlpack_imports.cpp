@@ -20,6 +20,7 @@
 #include "capalloc/dlpack.hpp"
 #include "common/guarded.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 
 namespace capalloc {
 
@@ -171,6 +172,8 @@ DlpackImports::~DlpackImports() {
 }
 
 std::size_t DlpackImports::release_all_at_teardown() {
+  // In a fork() child the tensors are the parent's: it releases them.
+  if (!impl_->queue->check_process("").ok()) return 0;
   State& st = *impl_->state;
   std::vector<DLManagedTensor*> left;
   {
@@ -212,6 +215,7 @@ std::size_t DlpackImports::released_at_teardown() const {
 absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor, StreamHandle stream) {
   return detail::guarded("dlpack import", [&]() -> absl::StatusOr<ImportedTensor> {
     if (tensor == nullptr) return absl::InvalidArgumentError("dlpack import: the tensor is null");
+    CAPALLOC_RETURN_IF_ERROR(impl_->queue->check_process("dlpack import"));
     MemoryRuntime& rt = impl_->queue->runtime();
     const DLTensor& t = tensor->dl_tensor;
     const DLDeviceType served = served_device_type(rt.kind());

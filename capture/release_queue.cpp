@@ -17,6 +17,8 @@
 // polls with a back-off (from kMinPoll doubling to kMaxPoll) while releases
 // are pending, and sleeps on `wake` when none are. A new request or a
 // graph-gone notice wakes it at once.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -90,6 +92,19 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   std::mutex teardown_mu;                          // held for the whole of teardown(); before `mu`
   std::atomic<std::thread::id> tearing_down_on{};  // the thread in teardown(), if any
   std::atomic<std::uint64_t> next_number{1};       // numbers the requests (event trace)
+  // The process that made the queue. A child made by fork() has a copy of
+  // the queue without its progress thread (and maybe with `mu` locked by
+  // it): there the queue refuses releases, and teardown touches nothing.
+  const pid_t owner_pid = ::getpid();
+
+  bool forked() const { return ::getpid() != owner_pid; }
+  absl::Status refuse_in_child(const char* call) const {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: this process is a fork() child of process %d, which made the release queue; its "
+        "progress thread does not exist here, so nothing would ever run the release (release "
+        "before fork, or exec a new program)",
+        call, static_cast<int>(owner_pid)));
+  }
 
   std::mutex& mu() const { return wakeup->mu; }
 
@@ -257,6 +272,14 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
 
   // Stops the thread, then runs what is pending on the calling thread.
   void teardown() {
+    if (forked()) {
+      // The pending releases are the parent's (running them here would run
+      // each twice), the thread is not here to join, and `mu` may be locked
+      // forever: leave everything, and let the std::thread go without a
+      // join (its destructor would terminate the child).
+      static_cast<void>(new std::thread(std::move(thread)));
+      return;
+    }
     {
       // What the hooks release goes to the queue before it stops (or, after
       // an earlier teardown, runs at once once its stream's work is done,
@@ -392,6 +415,10 @@ absl::StatusOr<std::unique_ptr<ReleaseQueue>> ReleaseQueue::create(const Capture
 ReleaseQueue::~ReleaseQueue() { impl_->teardown(); }
 
 absl::Status ReleaseQueue::drain() {
+  if (impl_->forked()) {
+    impl_->teardown();  // leaves the parent's releases alone
+    return impl_->refuse_in_child("ReleaseQueue::drain");
+  }
   if (std::this_thread::get_id() == impl_->thread_id) {
     return absl::FailedPreconditionError(
         "ReleaseQueue::drain: called from a release callback (the progress thread would wait "
@@ -416,6 +443,10 @@ std::uint64_t ReleaseQueue::add_teardown_hook(absl::AnyInvocable<void()> hook) {
 void ReleaseQueue::remove_teardown_hook(std::uint64_t id) {
   std::lock_guard lock(impl_->hooks_mu);
   impl_->teardown_hooks.erase(id);
+}
+
+absl::Status ReleaseQueue::check_process(const char* call) const {
+  return impl_->forked() ? impl_->refuse_in_child(call) : absl::OkStatus();
 }
 
 ReleaseQueueStats ReleaseQueue::stats() const {
@@ -455,6 +486,7 @@ absl::Status ReleaseQueue::release_after_stream_destroyed(int device, StreamHand
                                                           Callback callback,
                                                           std::vector<MemorySpan> memory) {
   return detail::guarded("release queue", [&]() -> absl::Status {
+    if (impl_->forked()) return impl_->refuse_in_child("release");
     CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
     // No event and no capture flag: work_done() finds the stream gone and
     // the entry ready (or, should a new stream have the handle by then,
@@ -484,6 +516,7 @@ absl::Status ReleaseQueue::release_after_stream_destroyed(int device, StreamHand
 absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback callback,
                                    std::vector<MemorySpan> memory) {
   return detail::guarded("release queue", [&]() -> absl::Status {
+    if (impl_->forked()) return impl_->refuse_in_child("release");
     CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
     Entry e{.device = device,
             .stream = stream,

@@ -575,6 +575,34 @@ class ReleaseTest(unittest.TestCase):
         self.assertEqual(child.returncode, 0, child.stderr)
         self.assertNotIn("release_drain at exit", child.stderr)
 
+    def test_a_forked_child_is_refused_a_release_and_exits(self):
+        # Break test 13, item 11: a fork() child has no progress thread; its
+        # release never ran and its exit hung joining the parent's thread.
+        code = (
+            "import os, sys, threading\n"
+            "import capalloc\n"
+            "done = threading.Event()\n"
+            "capalloc.release_on_stream(done.set); done.wait()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    try:\n"
+            "        capalloc.release_on_stream(lambda: None)\n"
+            "        print('child: accepted', flush=True)\n"
+            "    except capalloc.CapallocError as e:\n"
+            "        print('child: refused', e.status, e, flush=True)\n"
+            "    sys.exit(0)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('parent: child status', status, flush=True)\n"
+            "ran = threading.Event()\n"
+            "capalloc.release_on_stream(ran.set)\n"
+            "print('parent: release ran', ran.wait(10), flush=True)\n")
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stdout + child.stderr)
+        lines = child.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("child: refused 4"), child.stdout)
+        self.assertIn("fork() child", lines[0])
+        self.assertEqual(lines[1:], ["parent: child status 0", "parent: release ran True"])
+
     def test_dlpack_import_refuses_a_device_the_runtime_cannot_serve(self):
         producer = _Producer(device_type=_KDLCUDA)
         capsule = producer.capsule()
