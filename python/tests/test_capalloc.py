@@ -649,6 +649,28 @@ def _define_trivial_kernels_like_cute_4_6_1():
 
 
 class RetentionAuditTest(unittest.TestCase):
+    def test_distinct_tags_are_bounded(self):
+        # Break test 13, item 10: every distinct tag (a request id in each)
+        # was interned for the life of the process: 1M tags, +588 MB. Past
+        # 65536 distinct strings, new ones share one placeholder (warned once).
+        code = (
+            "import ctypes, capalloc\n"
+            "lib = capalloc.load()\n"
+            "lib.capalloc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,\n"
+            "                                ctypes.c_int, ctypes.c_void_p]\n"
+            "for i in range(70000):\n"
+            "    lib.capalloc_set_tag(b'request-%d' % i, b'here')\n"
+            "lib.capalloc_set_tag(None, None)\n"
+            "cp = capalloc.checkpoint()\n"
+            "with capalloc.tag('request-999999'):\n"
+            "    p = ctypes.c_void_p(); lib.capalloc_malloc(ctypes.byref(p), 256, 0, None)\n"
+            "print([g['tag'] for g in capalloc.live_since(cp)['groups']])\n")
+        child = run_child(code, {"CAPALLOC_LOG_LEVEL": "warn"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertEqual(child.stdout.strip(), "['<capalloc: too many distinct tags>']")
+        self.assertEqual(child.stderr.count("distinct tags, locations and names are interned"), 1,
+                         child.stderr)
+
     def test_live_since_groups_by_what_it_shows(self):
         # Break test 13, item 6: with stacks recorded, allocations from one
         # Python line on threads of different depths made one group per raw
