@@ -169,14 +169,14 @@ SiteDescription describe_site(std::uint32_t site) {
   return d;
 }
 
-absl::Status push_tag_scope(std::string_view tag, std::string_view location) {
+absl::Status push_tag_scope(std::string_view tag, std::string_view location, const void* owner) {
   ScopeStack& s = scope_stack;
   if (s.depth == kMaxTagScopes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "push_tag: ", kMaxTagScopes,
         " tag scopes are already open on this thread; is a pop_tag missing?"));
   }
-  s.scopes[s.depth] = TagScope{intern_id(tag), location_site(location)};
+  s.scopes[s.depth] = TagScope{intern_id(tag), location_site(location), owner};
   ++s.depth;
   return absl::OkStatus();
 }
@@ -190,19 +190,23 @@ absl::Status pop_tag_scope() {
   return absl::OkStatus();
 }
 
-void set_tag_scope(std::optional<std::string_view> tag, std::string_view location) {
+void set_tag_scope(std::optional<std::string_view> tag, std::string_view location,
+                   const void* owner) {
   ScopeStack& s = scope_stack;
   if (!tag.has_value()) {
     s.depth = 0;
     return;
   }
-  s.scopes[0] = TagScope{intern_id(*tag), location_site(location)};
+  s.scopes[0] = TagScope{intern_id(*tag), location_site(location), owner};
   s.depth = 1;
 }
 
-const TagScope* current_tag_scope() {
+const TagScope* current_tag_scope(const void* owner) {
   const ScopeStack& s = scope_stack;
-  return s.depth == 0 ? nullptr : &s.scopes[s.depth - 1];
+  for (int i = s.depth - 1; i >= 0; --i) {
+    if (s.scopes[i].owner == owner) return &s.scopes[i];
+  }
+  return nullptr;
 }
 
 }  // namespace capalloc::detail

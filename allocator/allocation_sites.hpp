@@ -51,19 +51,26 @@ SiteDescription describe_site(std::uint32_t site);
 // (kResourceExhausted) past kMaxTagScopes nested scopes; pop fails
 // (kFailedPrecondition) with none open. Both change nothing on failure.
 inline constexpr int kMaxTagScopes = 64;
+//
+// Each scope belongs to one allocator (`owner`: the token enable_tag_scopes
+// returns; compared, never dereferenced): an allocator applies the
+// innermost scope it owns, so that a scope opened for allocator A does not
+// tag what allocator B allocates on the same thread.
 struct TagScope {
   std::uint32_t tag_id = 0;   // interned tag (common/interned_strings.hpp)
   std::uint32_t site_id = 0;  // location_site of the scope's call site
+  const void* owner = nullptr;
 };
-absl::Status push_tag_scope(std::string_view tag, std::string_view location);
+absl::Status push_tag_scope(std::string_view tag, std::string_view location, const void* owner);
 absl::Status pop_tag_scope();
 // Replaces the calling thread's scopes with one (`tag`, `location`), or with
 // none when `tag` is empty (nullopt): for a caller that keeps the scope
 // stack itself (Python's, per asyncio task and context) and tells the
 // thread which scope is current.
-void set_tag_scope(std::optional<std::string_view> tag, std::string_view location);
-// The calling thread's innermost scope, or null.
-const TagScope* current_tag_scope();
+void set_tag_scope(std::optional<std::string_view> tag, std::string_view location,
+                   const void* owner);
+// The calling thread's innermost scope that `owner` owns, or null.
+const TagScope* current_tag_scope(const void* owner);
 
 }  // namespace capalloc::detail
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocation_sites.hpp"
 #include "allocator/allocator_impl.hpp"
@@ -83,27 +84,37 @@ LiveSince Allocator::live_since(AuditCheckpoint since) const {
           b->ptr(), b->size, b->requested, b->sequence, b->segment->device, b->segment->stream});
     });
   }
-  // Symbolized outside the allocator's lock.
+  // Symbolized outside the allocator's lock. Two sites can differ only in
+  // raw frames that symbolize alike (return addresses inside one function,
+  // frames past what is shown): groups are keyed by what is shown (tag,
+  // site, location, stack), so identical-looking groups are one.
   LiveSince out;
   out.since = since;
+  absl::flat_hash_map<std::string, std::size_t> shown;  // what is shown -> index in out.groups
   for (auto& [key, blocks] : by_key) {
-    std::sort(blocks.begin(), blocks.end(),
-              [](const LiveBlock& a, const LiveBlock& b) { return a.sequence < b.sequence; });
     LiveGroup g;
     g.tag = std::string(detail::interned(static_cast<std::uint32_t>(key >> 32)));
     detail::SiteDescription site = detail::describe_site(static_cast<std::uint32_t>(key));
     g.site = std::move(site.summary);
     g.location = std::move(site.location);
     g.stack = std::move(site.frames);
+    std::string seen = absl::StrCat(g.tag.size(), ":", g.tag, g.site.size(), ":", g.site,
+                                    g.location.size(), ":", g.location);
+    for (const std::string& f : g.stack) absl::StrAppend(&seen, f.size(), ":", f);
+    auto [it, fresh] = shown.try_emplace(std::move(seen), out.groups.size());
+    LiveGroup& into = fresh ? out.groups.emplace_back(std::move(g)) : out.groups[it->second];
     for (const LiveBlock& b : blocks) {
-      ++g.blocks;
-      g.bytes += b.size;
-      g.requested_bytes += b.requested;
+      ++into.blocks;
+      into.bytes += b.size;
+      into.requested_bytes += b.requested;
+      into.block_list.push_back(b);
     }
-    g.block_list = std::move(blocks);
-    out.blocks += g.blocks;
-    out.bytes += g.bytes;
-    out.groups.push_back(std::move(g));
+    out.blocks += blocks.size();
+    for (const LiveBlock& b : blocks) out.bytes += b.size;
+  }
+  for (LiveGroup& g : out.groups) {
+    std::sort(g.block_list.begin(), g.block_list.end(),
+              [](const LiveBlock& a, const LiveBlock& b) { return a.sequence < b.sequence; });
   }
   std::sort(out.groups.begin(), out.groups.end(), [](const LiveGroup& a, const LiveGroup& b) {
     if (a.bytes != b.bytes) return a.bytes > b.bytes;
@@ -146,8 +157,8 @@ std::string live_since_to_json(const LiveSince& live) {
 
 AllocationTagScope::AllocationTagScope(Allocator& allocator, std::string_view tag,
                                        std::string_view location) {
-  detail::enable_tag_scopes(allocator);
-  pushed_ = detail::push_tag_scope(tag, location).ok();
+  const void* owner = detail::enable_tag_scopes(allocator);
+  pushed_ = detail::push_tag_scope(tag, location, owner).ok();
 }
 
 AllocationTagScope::~AllocationTagScope() {
@@ -211,10 +222,12 @@ void with_trace(const Allocator& a, Body&& body) {
 
 }  // namespace
 
-void enable_tag_scopes(const Allocator& a) {
+const void* enable_tag_scopes(const Allocator& a) {
   auto& m = AllocatorAccess::impl(a);
   std::lock_guard lock(m.mu);
-  m.observe().apply_tag_scopes = true;
+  Observation& o = m.observe();
+  o.apply_tag_scopes = true;
+  return &o;  // lives as long as the allocator: the owner of its scopes
 }
 
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,
@@ -230,13 +243,17 @@ void trace_replay(const Allocator& a, CaptureId capture) {
 void trace_graph_destroy(const Allocator& a, CaptureId capture) {
   with_trace(a, [&](EventTrace& t) { t.graph_destroy(capture); });
 }
-void trace_release(const Allocator& a, std::uint64_t id, const void* addr, StreamHandle stream) {
+void trace_release(const Allocator& a, std::uint64_t request, std::uint64_t id, const void* addr,
+                   StreamHandle stream) {
   with_trace(a, [&](EventTrace& t) {
-    t.release(id, reinterpret_cast<std::uintptr_t>(addr), stream);
+    t.release(request, id, reinterpret_cast<std::uintptr_t>(addr), stream);
   });
 }
-void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr) {
-  with_trace(a, [&](EventTrace& t) { t.release_done(id, reinterpret_cast<std::uintptr_t>(addr)); });
+void trace_release_done(const Allocator& a, std::uint64_t request, std::uint64_t id,
+                        const void* addr) {
+  with_trace(a, [&](EventTrace& t) {
+    t.release_done(request, id, reinterpret_cast<std::uintptr_t>(addr));
+  });
 }
 bool trace_running(const Allocator& a) {
   bool running = false;

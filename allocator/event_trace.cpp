@@ -202,17 +202,24 @@ void EventTrace::graph_destroy(CaptureId capture) {
   capture_event(TraceOp::kGraphDestroy, capture);
 }
 
-void EventTrace::release(std::uint64_t id, std::uintptr_t addr, StreamHandle stream) {
+void EventTrace::release(std::uint64_t request, std::uint64_t id, std::uintptr_t addr,
+                         StreamHandle stream) {
   TraceRecord r = record(TraceOp::kRelease, id);
   r.addr = addr;
   r.stream = stream;
-  append(r);
+  r.extra = request;
+  std::lock_guard lock(mu_);
+  releases_.insert(request);
+  append_locked(r);
 }
 
-void EventTrace::release_done(std::uint64_t id, std::uintptr_t addr) {
+void EventTrace::release_done(std::uint64_t request, std::uint64_t id, std::uintptr_t addr) {
   TraceRecord r = record(TraceOp::kReleaseDone, id);
   r.addr = addr;
-  append(r);
+  r.extra = request;
+  std::lock_guard lock(mu_);
+  if (releases_.erase(request) == 0) return;  // requested before the trace started
+  append_locked(r);
 }
 
 void EventTrace::finding(std::string_view severity, std::uintptr_t addr, std::size_t size,
@@ -305,7 +312,9 @@ void EventTrace::write_buffer(const Buffer& b) {
       case TraceOp::kRelease:
       case TraceOp::kReleaseDone:
         // A release names its block, or the first memory span it names, or
-        // (a release of no memory) neither.
+        // (a release of no memory) neither; `release` is the request's
+        // number, on both lines, so that each release_done has its release.
+        absl::StrAppend(&line_, ", \"release\": ", r.extra);
         if (r.id != 0) {
           absl::StrAppend(&line_, ", \"id\": ", r.id);
         } else if (r.addr != 0) {

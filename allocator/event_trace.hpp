@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "capalloc/allocator.hpp"
@@ -58,7 +59,7 @@ struct TraceRecord {
   std::uint64_t size = 0;    // alloc: requested bytes; finding: bytes
   std::uint64_t stream = 0;
   std::uint64_t addr = 0;
-  std::uint64_t extra = 0;   // capture_begin: pool; finding: graph
+  std::uint64_t extra = 0;   // capture_begin: pool; finding: graph; release(_done): request
   std::uint32_t text = 0;    // alloc: tag id; capture_begin: label id; finding: text index + 1
   std::uint32_t severity = 0;  // finding: interned severity name
   std::int32_t device = 0;
@@ -102,8 +103,13 @@ class EventTrace {
   void capture_end(CaptureId capture);
   void replay(CaptureId capture);
   void graph_destroy(CaptureId capture);
-  void release(std::uint64_t id, std::uintptr_t addr, StreamHandle stream);
-  void release_done(std::uint64_t id, std::uintptr_t addr);
+  // A stream-ordered release, numbered `request` by its queue (both lines
+  // carry it), and its callback having run: release_done only for a release
+  // whose `release` line this trace wrote (one requested before the trace
+  // started is left out).
+  void release(std::uint64_t request, std::uint64_t id, std::uintptr_t addr,
+               StreamHandle stream);
+  void release_done(std::uint64_t request, std::uint64_t id, std::uintptr_t addr);
   void finding(std::string_view severity, std::uintptr_t addr, std::size_t size,
                std::uint64_t graph, std::uint64_t victim, std::uint32_t victim_tag,
                std::string message);
@@ -143,6 +149,7 @@ class EventTrace {
   std::vector<Buffer> full_;   // waiting for the writer
   std::vector<Buffer> spare_;  // written, ready for reuse
   absl::flat_hash_map<CaptureId, bool> captures_;  // begun captures
+  absl::flat_hash_set<std::uint64_t> releases_;     // releases written, not yet done
   std::uint64_t appended_ = 0;
   bool closing_ = false;
   bool closed_ = false;

@@ -7,7 +7,7 @@
 namespace capalloc::detail {
 
 void Observation::on_allocate(Block& block) {
-  const TagScope* scope = apply_tag_scopes ? current_tag_scope() : nullptr;
+  const TagScope* scope = apply_tag_scopes ? current_tag_scope(this) : nullptr;
   std::uint32_t scope_site = 0;
   if (scope != nullptr) {
     if (block.tag_id == 0) block.tag_id = scope->tag_id;

@@ -19,8 +19,9 @@ struct AllocatorAccess {
 };
 
 // Makes `a` apply the calling threads' tag scopes (allocation_sites.hpp)
-// from now on, as an AllocationTagScope does (the C ABI's capalloc_push_tag).
-void enable_tag_scopes(const Allocator& a);
+// that it owns from now on, as an AllocationTagScope does (the C ABI's
+// capalloc_push_tag); returns the owner token those scopes carry.
+const void* enable_tag_scopes(const Allocator& a);
 
 void trace_capture_begin(const Allocator& a, CaptureId capture, StreamHandle stream,
                          PoolHandle pool, int device, std::string_view label);
@@ -29,8 +30,11 @@ void trace_replay(const Allocator& a, CaptureId capture);
 void trace_graph_destroy(const Allocator& a, CaptureId capture);
 // A stream-ordered release of a block (`id`: its sequence) or of memory
 // capalloc does not own (`id` 0, `addr`), and its callback having run.
-void trace_release(const Allocator& a, std::uint64_t id, const void* addr, StreamHandle stream);
-void trace_release_done(const Allocator& a, std::uint64_t id, const void* addr);
+// `request` numbers the release (per queue, from 1), on both lines.
+void trace_release(const Allocator& a, std::uint64_t request, std::uint64_t id, const void* addr,
+                   StreamHandle stream);
+void trace_release_done(const Allocator& a, std::uint64_t request, std::uint64_t id,
+                        const void* addr);
 // Whether an event trace runs now: callers whose event costs something to
 // describe (trace_finding's message) ask first.
 bool trace_running(const Allocator& a);

@@ -62,12 +62,8 @@ capalloc_status capalloc_push_tag(const char* tag, const char* site) {
     // The process-wide allocator applies tag scopes from the first one on;
     // a scope object would pop at the end of this call, so the thread's
     // stack is pushed directly and popped by capalloc_pop_tag.
-    if (absl::Status s = capalloc::detail::push_tag_scope(tag, site == nullptr ? "" : site);
-        !s.ok()) {
-      return s;
-    }
-    capalloc::detail::enable_tag_scopes(*g.allocator);
-    return absl::OkStatus();
+    const void* owner = capalloc::detail::enable_tag_scopes(*g.allocator);
+    return capalloc::detail::push_tag_scope(tag, site == nullptr ? "" : site, owner);
   });
 }
 
@@ -78,11 +74,11 @@ capalloc_status capalloc_pop_tag(void) {
 capalloc_status capalloc_set_tag(const char* tag, const char* site) {
   return with_global([&](const GlobalCapalloc& g) -> absl::Status {
     if (tag == nullptr) {
-      capalloc::detail::set_tag_scope(std::nullopt, "");
+      capalloc::detail::set_tag_scope(std::nullopt, "", nullptr);
       return absl::OkStatus();
     }
-    capalloc::detail::set_tag_scope(tag, site == nullptr ? "" : site);
-    capalloc::detail::enable_tag_scopes(*g.allocator);
+    const void* owner = capalloc::detail::enable_tag_scopes(*g.allocator);
+    capalloc::detail::set_tag_scope(tag, site == nullptr ? "" : site, owner);
     return absl::OkStatus();
   });
 }

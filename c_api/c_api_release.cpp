@@ -125,4 +125,20 @@ capalloc_status capalloc_dlpack_release(struct DLManagedTensor* tensor) {
   return with_release([&](const GlobalRelease& r) { return r.imports->release(tensor); });
 }
 
+capalloc_status capalloc_dlpack_import_token(struct DLManagedTensor* tensor, void* stream,
+                                             void** data, size_t* bytes, uint64_t* token) {
+  return with_release([&](const GlobalRelease& r) -> absl::Status {
+    auto imported = r.imports->import(tensor, as_stream(stream));
+    if (!imported.ok()) return imported.status();
+    if (data != nullptr) *data = imported->data;
+    if (bytes != nullptr) *bytes = imported->bytes;
+    if (token != nullptr) *token = imported->token;
+    return absl::OkStatus();
+  });
+}
+
+capalloc_status capalloc_dlpack_release_token(struct DLManagedTensor* tensor, uint64_t token) {
+  return with_release([&](const GlobalRelease& r) { return r.imports->release(tensor, token); });
+}
+
 }  // extern "C"

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "capalloc/dlpack.hpp"
 #include "common/guarded.hpp"
 #include "common/log.hpp"
+#include "common/status_macros.hpp"
 
 namespace capalloc {
 
@@ -87,6 +89,11 @@ absl::StatusOr<Extent> tensor_extent(const DLTensor& t) {
     if (n == 0) return Extent{0, 0};
     const std::int64_t stride = t.strides != nullptr ? t.strides[d] : contiguous;
     const std::int64_t span = n - 1;
+    if (stride == std::numeric_limits<std::int64_t>::min()) {  // -stride would overflow
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "dlpack import: dimension %d has stride %d, whose magnitude does not fit in int64", d,
+          stride));
+    }
     if (stride != 0 && (span > kMax / (stride < 0 ? -stride : stride))) {
       return absl::InvalidArgumentError("dlpack import: the tensor's size overflows");
     }
@@ -114,7 +121,16 @@ absl::StatusOr<Extent> tensor_extent(const DLTensor& t) {
 
 struct Imported {
   ImportedTensor view;
-  std::int64_t low = 0;  // Extent::low
+  std::int64_t low = 0;         // Extent::low
+  bool stream_gone = false;     // the import's stream was destroyed since
+};
+
+// What the stream-destruction watcher may touch after the object is gone.
+struct State {
+  std::mutex mu;
+  absl::flat_hash_map<DLManagedTensor*, Imported> imported;  // guarded by mu
+  std::uint64_t released_at_teardown = 0;                    // guarded by mu
+  std::uint64_t next_token = 1;                              // guarded by mu
 };
 
 }  // namespace
@@ -122,14 +138,32 @@ struct Imported {
 struct CAPALLOC_INTERNAL DlpackImports::Impl {
   ReleaseQueue* queue = nullptr;
   std::uint64_t hook = 0;  // the queue's teardown hook
-  mutable std::mutex mu;
-  absl::flat_hash_map<DLManagedTensor*, Imported> imported;  // guarded by mu
-  std::uint64_t released_at_teardown = 0;                    // guarded by mu
+  std::shared_ptr<State> state = std::make_shared<State>();
+
+  enum class Outcome { kReleased, kNotImported, kFailed };
+  // Takes the tensor out of the registry (when `token` is 0 or names its
+  // import) and hands its deleter to the queue; puts it back if the queue
+  // refuses.
+  absl::Status release(DLManagedTensor* tensor, std::uint64_t token, Outcome* outcome);
 };
 
 DlpackImports::DlpackImports(ReleaseQueue& queue) : impl_(std::make_unique<Impl>()) {
   impl_->queue = &queue;
   impl_->hook = queue.add_teardown_hook([this] { release_all_at_teardown(); });
+  // A destroyed stream's work has run (destroy_stream waits for it): the
+  // tensors imported on it are marked so that their release does not ask
+  // the runtime about a stream it no longer knows (as the allocator forgets
+  // a destroyed stream: allocator/stream_lifetimes.cpp).
+  std::weak_ptr<State> weak = impl_->state;
+  queue.runtime().watch_stream_destruction([weak](StreamHandle stream) {
+    auto state = weak.lock();
+    if (state == nullptr) return false;
+    std::lock_guard lock(state->mu);
+    for (auto& [tensor, entry] : state->imported) {
+      if (entry.view.stream == stream) entry.stream_gone = true;
+    }
+    return true;
+  });
 }
 
 DlpackImports::~DlpackImports() {
@@ -138,26 +172,32 @@ DlpackImports::~DlpackImports() {
 }
 
 std::size_t DlpackImports::release_all_at_teardown() {
+  // In a fork() child the tensors are the parent's: it releases them.
+  if (!impl_->queue->check_process("").ok()) return 0;
+  State& st = *impl_->state;
   std::vector<DLManagedTensor*> left;
   {
-    std::lock_guard lock(impl_->mu);
-    for (const auto& [tensor, entry] : impl_->imported) left.push_back(tensor);
+    std::lock_guard lock(st.mu);
+    for (const auto& [tensor, entry] : st.imported) left.push_back(tensor);
   }
   std::size_t released = 0;
   for (DLManagedTensor* tensor : left) {
-    if (absl::Status s = release(tensor); s.ok()) {
+    Impl::Outcome outcome = Impl::Outcome::kFailed;
+    absl::Status s = impl_->release(tensor, 0, &outcome);
+    if (outcome == Impl::Outcome::kReleased) {
       ++released;
-    } else if (s.code() != absl::StatusCode::kNotFound) {  // kNotFound: released meanwhile
+    } else if (outcome == Impl::Outcome::kFailed) {
+      // Only "released meanwhile" (by another thread) is not worth a word.
       detail::log().error(
-          "dlpack imports: releasing a tensor still imported at teardown failed ({}); "
+          "dlpack imports: releasing the tensor {} still imported at teardown failed ({}); "
           "its deleter was not called",
-          s.ToString());
+          static_cast<const void*>(tensor), s.ToString());
     }
   }
   if (released > 0) {
     {
-      std::lock_guard lock(impl_->mu);
-      impl_->released_at_teardown += released;
+      std::lock_guard lock(st.mu);
+      st.released_at_teardown += released;
     }
     detail::log().warn(
         "dlpack imports: {} tensor(s) still imported at teardown were released (never released "
@@ -168,13 +208,14 @@ std::size_t DlpackImports::release_all_at_teardown() {
 }
 
 std::size_t DlpackImports::released_at_teardown() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->released_at_teardown;
+  std::lock_guard lock(impl_->state->mu);
+  return impl_->state->released_at_teardown;
 }
 
 absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor, StreamHandle stream) {
   return detail::guarded("dlpack import", [&]() -> absl::StatusOr<ImportedTensor> {
     if (tensor == nullptr) return absl::InvalidArgumentError("dlpack import: the tensor is null");
+    CAPALLOC_RETURN_IF_ERROR(impl_->queue->check_process("dlpack import"));
     MemoryRuntime& rt = impl_->queue->runtime();
     const DLTensor& t = tensor->dl_tensor;
     const DLDeviceType served = served_device_type(rt.kind());
@@ -194,62 +235,103 @@ absl::StatusOr<ImportedTensor> DlpackImports::import(DLManagedTensor* tensor, St
     if (t.data == nullptr && extent->bytes != 0) {
       return absl::InvalidArgumentError("dlpack import: data is null for a non-empty tensor");
     }
+    // data + byte_offset + low .. + bytes must lie inside the address space.
+    const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+    constexpr std::uintptr_t kTop = std::numeric_limits<std::uintptr_t>::max();
+    if (t.byte_offset > kTop - base) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "dlpack import: byte_offset %u past data %p runs past the end of the address space",
+          t.byte_offset, t.data));
+    }
+    const std::uintptr_t first = base + t.byte_offset;
+    const auto below = static_cast<std::uintptr_t>(-extent->low);  // low <= 0
+    if (extent->bytes != 0 &&
+        (below > first || extent->bytes > kTop - (first - below))) {
+      return absl::InvalidArgumentError(
+          "dlpack import: the bytes the tensor addresses (data + byte_offset and its strides) run "
+          "outside the address space");
+    }
     // Checked before the tensor is registered: a stream the runtime does
     // not know fails here rather than at release.
     if (auto info = rt.capture_info(stream); !info.ok()) return info.status();
     Imported entry;
-    entry.view.data = static_cast<char*>(t.data) + t.byte_offset;
+    entry.view.data = reinterpret_cast<void*>(first);
     entry.view.bytes = static_cast<std::size_t>(extent->bytes);
     entry.view.device = t.device.device_id;
     entry.view.stream = stream;
     entry.low = extent->low;
-    std::lock_guard lock(impl_->mu);
-    if (!impl_->imported.try_emplace(tensor, entry).second) {
+    State& st = *impl_->state;
+    std::lock_guard lock(st.mu);
+    entry.view.token = st.next_token;
+    if (!st.imported.try_emplace(tensor, entry).second) {
       return absl::AlreadyExistsError(
           "dlpack import: this DLManagedTensor is already imported (a capsule is consumed "
           "once); release it before importing it again");
     }
+    ++st.next_token;
     return entry.view;
   });
 }
 
-absl::Status DlpackImports::release(DLManagedTensor* tensor) {
-  return detail::guarded("dlpack release", [&]() -> absl::Status {
-    if (tensor == nullptr) return absl::InvalidArgumentError("dlpack release: the tensor is null");
-    Imported entry;
-    {
-      std::lock_guard lock(impl_->mu);
-      auto it = impl_->imported.find(tensor);
-      if (it == impl_->imported.end()) {
-        return absl::NotFoundError(
-            "dlpack release: this DLManagedTensor is not imported here, or was released already "
-            "(its deleter may have run: the pointer must not be used again)");
-      }
-      entry = it->second;
-      impl_->imported.erase(it);
+absl::Status DlpackImports::Impl::release(DLManagedTensor* tensor, std::uint64_t token,
+                                          Outcome* outcome) {
+  *outcome = Outcome::kFailed;
+  if (tensor == nullptr) return absl::InvalidArgumentError("dlpack release: the tensor is null");
+  Imported entry;
+  {
+    std::lock_guard lock(state->mu);
+    auto it = state->imported.find(tensor);
+    if (it == state->imported.end()) {
+      *outcome = Outcome::kNotImported;
+      return absl::NotFoundError(
+          "dlpack release: this DLManagedTensor is not imported here, or was released already "
+          "(its deleter may have run: the pointer must not be used again)");
     }
-    std::vector<MemorySpan> memory;
-    if (entry.view.bytes != 0) {
-      memory.push_back({static_cast<char*>(entry.view.data) + entry.low, entry.view.bytes});
+    if (token != 0 && it->second.view.token != token) {
+      *outcome = Outcome::kNotImported;
+      return absl::NotFoundError(absl::StrFormat(
+          "dlpack release: import %u of this DLManagedTensor was released already; the address "
+          "is now import %u (the producer reused the struct), which this release leaves alone",
+          token, it->second.view.token));
     }
-    absl::Status queued = impl_->queue->release(
-        entry.view.device, entry.view.stream,
-        [tensor] {
-          if (tensor->deleter != nullptr) tensor->deleter(tensor);
-        },
-        std::move(memory));
-    if (!queued.ok()) {
-      // Nothing changed: the tensor stays imported.
-      std::lock_guard lock(impl_->mu);
-      impl_->imported.try_emplace(tensor, entry);
-    }
+    entry = it->second;
+    state->imported.erase(it);
+  }
+  std::vector<MemorySpan> memory;
+  if (entry.view.bytes != 0) {
+    memory.push_back({static_cast<char*>(entry.view.data) + entry.low, entry.view.bytes});
+  }
+  auto deleter = [tensor] {
+    if (tensor->deleter != nullptr) tensor->deleter(tensor);
+  };
+  absl::Status queued =
+      entry.stream_gone
+          ? queue->release_after_stream_destroyed(entry.view.device, entry.view.stream,
+                                                  std::move(deleter), std::move(memory))
+          : queue->release(entry.view.device, entry.view.stream, std::move(deleter),
+                           std::move(memory));
+  if (!queued.ok()) {
+    // Nothing changed: the tensor stays imported.
+    std::lock_guard lock(state->mu);
+    state->imported.try_emplace(tensor, entry);
     return queued;
+  }
+  *outcome = Outcome::kReleased;
+  return queued;
+}
+
+absl::Status DlpackImports::release(DLManagedTensor* tensor) { return release(tensor, 0); }
+
+absl::Status DlpackImports::release(DLManagedTensor* tensor, std::uint64_t token) {
+  return detail::guarded("dlpack release", [&]() -> absl::Status {
+    Impl::Outcome outcome;
+    return impl_->release(tensor, token, &outcome);
   });
 }
 
 std::size_t DlpackImports::imported() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->imported.size();
+  std::lock_guard lock(impl_->state->mu);
+  return impl_->state->imported.size();
 }
 
 }  // namespace capalloc

@@ -17,11 +17,14 @@
 // polls with a back-off (from kMinPoll doubling to kMaxPoll) while releases
 // are pending, and sleeps on `wake` when none are. A new request or a
 // graph-gone notice wakes it at once.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <limits>
 #include <list>
 #include <map>
 #include <mutex>
@@ -65,6 +68,7 @@ struct Entry {
   std::shared_ptr<std::atomic<bool>> capture_graph_gone;
   std::vector<MemorySpan> memory;
   ReleaseQueue::Callback callback;
+  std::uint64_t number = 0;  // the request's number in the event trace
 };
 
 }  // namespace
@@ -87,6 +91,20 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   std::uint64_t next_hook = 1;                                        // guarded by hooks_mu
   std::mutex teardown_mu;                          // held for the whole of teardown(); before `mu`
   std::atomic<std::thread::id> tearing_down_on{};  // the thread in teardown(), if any
+  std::atomic<std::uint64_t> next_number{1};       // numbers the requests (event trace)
+  // The process that made the queue. A child made by fork() has a copy of
+  // the queue without its progress thread (and maybe with `mu` locked by
+  // it): there the queue refuses releases, and teardown touches nothing.
+  const pid_t owner_pid = ::getpid();
+
+  bool forked() const { return ::getpid() != owner_pid; }
+  absl::Status refuse_in_child(const char* call) const {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: this process is a fork() child of process %d, which made the release queue; its "
+        "progress thread does not exist here, so nothing would ever run the release (release "
+        "before fork, or exec a new program)",
+        call, static_cast<int>(owner_pid)));
+  }
 
   std::mutex& mu() const { return wakeup->mu; }
 
@@ -160,14 +178,15 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
   // The event trace of the tracker's allocator (docs/trace.md: `release`
   // and `release_done`, by the first memory span's address; none without a
   // tracker, or when no trace runs).
-  void trace_requested(const Entry& e) const {
+  void trace_requested(Entry& e) {
+    e.number = next_number.fetch_add(1, std::memory_order_relaxed);
     if (tracker == nullptr) return;
-    detail::trace_release(tracker->allocator(), 0, e.memory.empty() ? nullptr : e.memory[0].ptr,
-                          e.stream);
+    detail::trace_release(tracker->allocator(), e.number, 0,
+                          e.memory.empty() ? nullptr : e.memory[0].ptr, e.stream);
   }
   void trace_done(const Entry& e) const {
     if (tracker == nullptr) return;
-    detail::trace_release_done(tracker->allocator(), 0,
+    detail::trace_release_done(tracker->allocator(), e.number, 0,
                                e.memory.empty() ? nullptr : e.memory[0].ptr);
   }
 
@@ -253,6 +272,14 @@ struct CAPALLOC_INTERNAL ReleaseQueue::Impl {
 
   // Stops the thread, then runs what is pending on the calling thread.
   void teardown() {
+    if (forked()) {
+      // The pending releases are the parent's (running them here would run
+      // each twice), the thread is not here to join, and `mu` may be locked
+      // forever: leave everything, and let the std::thread go without a
+      // join (its destructor would terminate the child).
+      static_cast<void>(new std::thread(std::move(thread)));
+      return;
+    }
     {
       // What the hooks release goes to the queue before it stops (or, after
       // an earlier teardown, runs at once once its stream's work is done,
@@ -388,11 +415,19 @@ absl::StatusOr<std::unique_ptr<ReleaseQueue>> ReleaseQueue::create(const Capture
 ReleaseQueue::~ReleaseQueue() { impl_->teardown(); }
 
 absl::Status ReleaseQueue::drain() {
-  if (std::this_thread::get_id() == impl_->thread_id ||
-      std::this_thread::get_id() == impl_->tearing_down_on.load()) {
+  if (impl_->forked()) {
+    impl_->teardown();  // leaves the parent's releases alone
+    return impl_->refuse_in_child("ReleaseQueue::drain");
+  }
+  if (std::this_thread::get_id() == impl_->thread_id) {
     return absl::FailedPreconditionError(
         "ReleaseQueue::drain: called from a release callback (the progress thread would wait "
         "for itself)");
+  }
+  if (std::this_thread::get_id() == impl_->tearing_down_on.load()) {
+    return absl::FailedPreconditionError(
+        "ReleaseQueue::drain: called from a release callback run by teardown (drain(), the "
+        "destructor or the exit handler is already draining on this thread)");
   }
   impl_->teardown();
   return absl::OkStatus();
@@ -410,6 +445,10 @@ void ReleaseQueue::remove_teardown_hook(std::uint64_t id) {
   impl_->teardown_hooks.erase(id);
 }
 
+absl::Status ReleaseQueue::check_process(const char* call) const {
+  return impl_->forked() ? impl_->refuse_in_child(call) : absl::OkStatus();
+}
+
 ReleaseQueueStats ReleaseQueue::stats() const {
   std::lock_guard lock(impl_->mu());
   return impl_->counts;
@@ -417,22 +456,68 @@ ReleaseQueueStats ReleaseQueue::stats() const {
 
 MemoryRuntime& ReleaseQueue::runtime() const { return *impl_->runtime; }
 
+namespace {
+
+absl::Status check_request(MemoryRuntime& runtime, int device, const ReleaseQueue::Callback& callback,
+                           const std::vector<MemorySpan>& memory) {
+  if (!callback) return absl::InvalidArgumentError("release: the callback is empty");
+  if (device < 0 || device >= runtime.device_count()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "release: device %d does not exist (the runtime has %d)", device, runtime.device_count()));
+  }
+  for (const MemorySpan& span : memory) {
+    if (span.ptr == nullptr || span.bytes == 0) {
+      return absl::InvalidArgumentError(
+          "release: a memory span is empty (null pointer or zero bytes); name the memory the "
+          "callback gives back, or none");
+    }
+    if (span.bytes > std::numeric_limits<std::uintptr_t>::max() - span.begin()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "release: the memory span at %p of %u bytes runs past the end of the address space",
+          span.ptr, span.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ReleaseQueue::release_after_stream_destroyed(int device, StreamHandle stream,
+                                                          Callback callback,
+                                                          std::vector<MemorySpan> memory) {
+  return detail::guarded("release queue", [&]() -> absl::Status {
+    if (impl_->forked()) return impl_->refuse_in_child("release");
+    CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
+    // No event and no capture flag: work_done() finds the stream gone and
+    // the entry ready (or, should a new stream have the handle by then,
+    // waits for that stream's work: later than needed, never earlier).
+    Entry e{.device = device,
+            .stream = stream,
+            .memory = std::move(memory),
+            .callback = std::move(callback)};
+    impl_->trace_requested(e);
+    {
+      std::unique_lock lock(impl_->mu());
+      ++impl_->counts.requested;
+      ++impl_->counts.pending;
+      if (!impl_->drained) {
+        impl_->pending.push_back(std::move(e));
+        ++impl_->wakeup->generation;
+        lock.unlock();
+        impl_->wakeup->cv.notify_all();
+        return absl::OkStatus();
+      }
+    }
+    impl_->run_callback(e, /*at_teardown=*/true);
+    return absl::OkStatus();
+  });
+}
+
 absl::Status ReleaseQueue::release(int device, StreamHandle stream, Callback callback,
                                    std::vector<MemorySpan> memory) {
   return detail::guarded("release queue", [&]() -> absl::Status {
-    if (!callback) return absl::InvalidArgumentError("release: the callback is empty");
-    if (device < 0 || device >= impl_->runtime->device_count()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("release: device %d does not exist (the runtime has %d)", device,
-                          impl_->runtime->device_count()));
-    }
-    for (const MemorySpan& span : memory) {
-      if (span.ptr == nullptr || span.bytes == 0) {
-        return absl::InvalidArgumentError(
-            "release: a memory span is empty (null pointer or zero bytes); name the memory the "
-            "callback gives back, or none");
-      }
-    }
+    if (impl_->forked()) return impl_->refuse_in_child("release");
+    CAPALLOC_RETURN_IF_ERROR(check_request(*impl_->runtime, device, callback, memory));
     Entry e{.device = device,
             .stream = stream,
             .memory = std::move(memory),

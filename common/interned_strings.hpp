@@ -5,16 +5,28 @@
 // block and every recorded write; interning them makes those records cheap
 // to copy. The table never shrinks, so a view it hands out stays valid for
 // the life of the process, past any allocator's or tracker's. Thread-safe.
+//
+// Bounded: past kMaxInternedStrings distinct strings, every new string gets
+// the id of kInternedOverflow (logged once), so that tags that carry data
+// (a request id per tag) cost at most the table's size, not memory per
+// request for the life of the process.
 #ifndef CAPALLOC_COMMON_INTERNED_STRINGS_HPP_
 #define CAPALLOC_COMMON_INTERNED_STRINGS_HPP_
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 namespace capalloc::detail {
 
-// The id of `s` (0 for the empty string), adding it on first sight.
+inline constexpr std::size_t kMaxInternedStrings = std::size_t{1} << 16;
+inline constexpr std::string_view kInternedOverflow = "<capalloc: too many distinct tags>";
+
+// The id of `s` (0 for the empty string), adding it on first sight (the
+// overflow placeholder's id once the table is full).
 std::uint32_t intern_id(std::string_view s);
+// Strings interned so far (the placeholder included).
+std::size_t interned_count();
 // The string of an id from intern_id; empty for 0.
 std::string_view interned(std::uint32_t id);
 // A view of the interned copy of `s`.

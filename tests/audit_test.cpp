@@ -244,3 +244,38 @@ TEST_CASE("audit: the latest checkpoint is remembered, and live_since ignores fr
   REQUIRE_OK(alloc->deallocate(kept));
   REQUIRE_OK(alloc->deallocate(early));
 }
+
+// Break test 13, item 9: a scope opened for allocator A tagged what
+// allocator B allocated on the same thread (the scopes were per thread
+// only); audit.hpp says a scope tags what its allocator allocates.
+TEST_CASE("audit: a tag scope tags its own allocator's allocations, not another's") {
+  auto rt = host_runtime();
+  auto a = Allocator::create(rt).value();
+  auto b = Allocator::create(rt).value();
+  { AllocationTagScope warm(*b, "b-scope"); }  // b applies scopes from now on
+  const AuditCheckpoint cp_a = a->checkpoint();
+  const AuditCheckpoint cp_b = b->checkpoint();
+  void* pa = nullptr;
+  void* pb = nullptr;
+  void* pb_inner = nullptr;
+  {
+    AllocationTagScope outer_b(*b, "b-outer");
+    AllocationTagScope scope_a(*a, "a-only");
+    pa = a->allocate(4096).value();
+    pb = b->allocate(4096).value();  // a's scope is innermost, but b's outer scope applies
+    {
+      AllocationTagScope inner_b(*b, "b-inner");
+      pb_inner = b->allocate(8192).value();
+    }
+  }
+  const LiveSince live_a = a->live_since(cp_a);
+  REQUIRE(live_a.groups.size() == 1);
+  CHECK(live_a.groups[0].tag == "a-only");
+  const LiveSince live_b = b->live_since(cp_b);
+  REQUIRE(live_b.groups.size() == 2);
+  CHECK(live_b.groups[0].tag == "b-inner");  // most bytes first
+  CHECK(live_b.groups[1].tag == "b-outer");
+  REQUIRE_OK(a->deallocate(pa));
+  REQUIRE_OK(b->deallocate(pb));
+  REQUIRE_OK(b->deallocate(pb_inner));
+}

@@ -76,6 +76,11 @@ TEST_CASE("C ABI: capalloc_release_on_stream refuses bad input and calls nothing
         CAPALLOC_ERROR_INVALID_ARGUMENT);
   CHECK(capalloc_release_on_stream(reinterpret_cast<void*>(0x7777), 0, count_call, &calls, nullptr,
                                    0) == CAPALLOC_ERROR_NOT_FOUND);
+  // Break test 13, item 5: a range past the end of the address space.
+  CHECK(capalloc_release_on_stream(nullptr, 0, count_call, &calls, reinterpret_cast<void*>(-1),
+                                   SIZE_MAX) == CAPALLOC_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(capalloc_last_error()).find("past the end of the address space") !=
+        std::string::npos);
   CHECK(capalloc_release_pending(nullptr) == CAPALLOC_ERROR_INVALID_ARGUMENT);
   CHECK(pending() == 0);
   CHECK(calls == 0);

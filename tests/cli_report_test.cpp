@@ -190,3 +190,52 @@ TEST_CASE("cli: an unwritable CAPALLOC_TRACE is reported and the allocator works
   CHECK_THAT(r.err, Contains("cannot create the trace file '/nonexistent-dir/trace.jsonl'"));
   CHECK_THAT(r.err, Contains("runs without an event trace"));
 }
+
+// Break test 13, item 7: `report` and `audit --trace` disagreed on the same
+// file (a UTF-8 byte order mark; a free of an unknown id or an alloc of a
+// live one); an invalid escape was "not a JSON object"; a snapshot of an
+// unknown version was "without a devices array".
+TEST_CASE("cli: report and audit --trace agree on a trace's reader rules, and say why JSON is invalid",
+          "[cli]") {
+  const auto dir = scratch("agree");
+  const std::string out = (dir / "page.html").string();
+  const std::string alloc = "{\"op\": \"alloc\", \"id\": 1, \"size\": 64, \"addr\": \"0x1000\"}\n";
+  SECTION("a byte order mark is accepted by both") {
+    const std::string file = write(dir / "bom.jsonl", "\xEF\xBB\xBF" + kHeader + alloc);
+    CHECK_RUN(capalloc_cli({"audit", "--trace", file}), 0);
+    CHECK_RUN(capalloc_cli({"report", file, "-o", out}), 0);
+  }
+  SECTION("a free of an id that is not live, or an alloc of one that is, is refused by both") {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {kHeader + alloc + "{\"op\": \"free\", \"id\": 7}\n", ":3: free of id 7, which is not live"},
+        {kHeader + alloc + alloc, ":3: alloc of id 1, which is live"},
+    };
+    for (const auto& [text, message] : cases) {
+      const std::string file = write(dir / "ids.jsonl", text);
+      INFO(message);
+      const Run audit = capalloc_cli({"audit", "--trace", file});
+      CHECK_RUN(audit, 1);
+      CHECK_THAT(audit.err, Contains(message));
+      const Run report = capalloc_cli({"report", file, "-o", out});
+      CHECK_RUN(report, 1);
+      CHECK_THAT(report.err, Contains(message));
+    }
+  }
+  SECTION("an invalid escape is invalid JSON, with the parser's reason") {
+    const std::string file =
+        write(dir / "escape.jsonl", kHeader + "{\"op\": \"alloc\", \"tag\": \"\\ud800\"}\n");
+    for (const Run& r : {capalloc_cli({"audit", "--trace", file}),
+                         capalloc_cli({"report", file, "-o", out})}) {
+      CHECK_RUN(r, 1);
+      CHECK_THAT(r.err, Contains(":2: invalid JSON (") && Contains("surrogate"));
+    }
+  }
+  SECTION("a snapshot of an unknown version names its schema") {
+    const std::string file =
+        write(dir / "snap.json", "{\"schema\": \"capalloc.snapshot/99\", \"devices\": []}");
+    const Run r = capalloc_cli({"report", file, "-o", out});
+    CHECK_RUN(r, 1);
+    CHECK_THAT(r.err, Contains("unknown snapshot schema version \"capalloc.snapshot/99\""));
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -105,6 +105,33 @@ TEST_CASE("cli: usage errors exit 2 with CLI11's message", "[cli]") {
     const Run r = capalloc_cli({"describe", "--round-granularity", "3000"});
     CHECK_THAT(r.err, Contains("a power of two from 256 to 2097152"));
   }
+  // Break test 13, item 4: CLI11 wrapped -1 to a huge size_t and clamped an
+  // overflowing number, silently; an empty --report wrote nothing, exit 0.
+  SECTION("numbers that are negative or too large, and an empty directory") {
+    const std::string file = CAPALLOC_CLI_PATH;  // any existing file: refused before it is read
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"report", file, "--max-blocks", "-1"}, "'-1' is not an unsigned decimal number"},
+        {{"report", file, "--max-blocks=-1"}, "'-1' is not an unsigned decimal number"},
+        {{"report", file, "--max-blocks", "99999999999999999999"}, "is not an unsigned decimal"},
+        {{"report", file, "--max-blocks", "1099511627777"}, "is above the largest value"},
+        {{"audit", "--trace", file, "--since", "99999999999999999999"},
+         "is not an unsigned decimal number of at most 18446744073709551615"},
+        {{"audit", "--trace", file, "--since", "-3"}, "is not an unsigned decimal"},
+        {{"arms", "--report", ""}, "--report: the directory is empty"},
+        {{"gemm-scenario", "--report", ""}, "--report: the directory is empty"},
+    };
+    for (const auto& [args, message] : cases) {
+      INFO(args[0] << " " << args[args.size() - 2] << " " << args.back());
+      const Run r = capalloc_cli(args);
+      CHECK_RUN(r, 2);
+      CHECK_THAT(r.err, Contains(message));
+    }
+  }
+  SECTION("report --help says it takes one or two inputs") {
+    const Run r = capalloc_cli({"report", "--help"});
+    CHECK_RUN(r, 0);
+    CHECK_THAT(r.out, Contains("inputs(1-2x)"));
+  }
 }
 
 TEST_CASE("cli: the CAPALLOC_* variables are honoured, and flags override them", "[cli]") {

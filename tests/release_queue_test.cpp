@@ -109,6 +109,24 @@ TEST_CASE("release queue: bad input is an error that changes nothing") {
   CHECK_FALSE(ran);
 }
 
+// Break test 13, item 7: documented in docs/errors.md.
+TEST_CASE("release queue: after drain, a release on a capturing stream is refused") {
+  World w;
+  const StreamHandle capturing = w.rt->create_stream(0).value();
+  REQUIRE_OK(w.queue->drain());
+  REQUIRE_OK(w.tracker->begin_capture(0, capturing));
+  bool ran = false;
+  const auto before = w.queue->stats();
+  absl::Status status = w.queue->release(0, capturing, [&] { ran = true; });
+  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(status.message()).find("the release queue was drained") != std::string::npos);
+  CHECK_FALSE(ran);
+  CHECK(w.queue->stats().requested == before.requested);
+  auto done = w.tracker->end_capture(capturing);
+  REQUIRE_OK(done);
+  REQUIRE_OK(w.tracker->destroy_graph(done->graph));
+}
+
 TEST_CASE("release queue: a release on a capturing stream waits until its graph is destroyed") {
   World w;
   const StreamHandle capturing = w.rt->create_stream(0).value();
@@ -251,8 +269,41 @@ TEST_CASE("release queue: a callback may request another release; drain from one
     w.queue->release(0, w.stream, [&] { inner_ran.set_value(); }).IgnoreError();
   }));
   inner_ran.get_future().wait();
-  CHECK(drain_status.get_future().get().code() == absl::StatusCode::kFailedPrecondition);
-  REQUIRE_OK(w.queue->drain());
+  absl::Status from_thread = drain_status.get_future().get();
+  CHECK(from_thread.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(from_thread.message()).find("progress thread would wait for itself") !=
+        std::string::npos);
+  // Break test 13, item 7: from a callback that teardown runs, the message
+  // named the progress thread; it is the tearing-down thread.
+  // The gate keeps the callback pending until the drain has (almost
+  // certainly) stopped the thread; which thread ran it is checked, not
+  // assumed, so that a slow machine cannot make the test fail.
+  absl::Status from_teardown;
+  std::thread::id ran_on;
+  std::promise<std::thread::id> drainer;
+  Gate gate;
+  REQUIRE_OK(w.rt->launch_kernel(w.stream, gate.kernel(nullptr, 0)));
+  REQUIRE_OK(w.queue->release(0, w.stream, [&] {
+    ran_on = std::this_thread::get_id();
+    from_teardown = w.queue->drain();
+  }));
+  auto drained = std::async(std::launch::async, [&] {
+    drainer.set_value(std::this_thread::get_id());
+    return w.queue->drain();
+  });
+  const std::thread::id drain_thread = drainer.get_future().get();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gate.open();
+  REQUIRE_OK(drained.get());
+  CHECK(from_teardown.code() == absl::StatusCode::kFailedPrecondition);
+  const std::string message(from_teardown.message());
+  if (ran_on == drain_thread) {
+    CHECK(message.find("run by teardown") != std::string::npos);
+    CHECK(message.find("progress thread") == std::string::npos);
+  } else {
+    WARN("the progress thread ran the callback before the drain stopped it");
+    CHECK(message.find("progress thread would wait for itself") != std::string::npos);
+  }
 }
 
 TEST_CASE("release queue: a callback is destroyed once it has run") {

@@ -17,6 +17,8 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "capalloc/dlpack.hpp"
 #include "capalloc/release.hpp"
@@ -271,6 +273,116 @@ TEST_CASE("dlpack import: a tensor never released is released at teardown, after
     CHECK(has_count_line(log));
   }
   REQUIRE_OK(rt->destroy_stream(stream));
+}
+
+
+// Break test 13, item 1: a tensor whose import stream is destroyed before
+// its release was never released (the release asked the runtime about the
+// gone stream: kNotFound), teardown took that kNotFound for "released
+// meanwhile", and the deleter never ran. The stream's work has run
+// (destroy_stream waits for it), so the release succeeds and the deleter
+// runs, in request order.
+TEST_CASE("dlpack import: a tensor whose import stream was destroyed is released, in order") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  float data[8] = {};
+  std::int64_t shape[1] = {8};
+  std::vector<int> order;
+  std::mutex order_mu;
+  DLManagedTensor t = cpu_tensor(data, shape, 1);
+  struct Ctx {
+    std::vector<int>* order;
+    std::mutex* mu;
+  } ctx{&order, &order_mu};
+  t.manager_ctx = &ctx;
+  t.deleter = [](DLManagedTensor* self) {
+    auto* c = static_cast<Ctx*>(self->manager_ctx);
+    std::lock_guard lock(*c->mu);
+    c->order->push_back(2);
+  };
+  const StreamHandle stream = rt->create_stream(0).value();
+  REQUIRE_OK(imports.import(&t, stream));
+  // A release requested earlier on the stream runs first.
+  REQUIRE_OK(queue->release(0, stream, [&] {
+    std::lock_guard lock(order_mu);
+    order.push_back(1);
+  }));
+  REQUIRE_OK(rt->destroy_stream(stream));
+  SECTION("released by the application") {
+    REQUIRE_OK(imports.release(&t));
+    CHECK(imports.imported() == 0);
+    // A second release is still "not imported", and changes nothing.
+    CHECK(imports.release(&t).code() == absl::StatusCode::kNotFound);
+  }
+  SECTION("released at teardown") {
+    REQUIRE_OK(queue->drain());
+    CHECK(imports.released_at_teardown() == 1);
+  }
+  REQUIRE_OK(queue->drain());
+  CHECK(imports.imported() == 0);
+  std::lock_guard lock(order_mu);
+  CHECK(order == std::vector<int>{1, 2});
+}
+
+// Break test 13, item 2: a producer that reuses its DLManagedTensor once the
+// deleter has run gives the next import the same address; a stale handle
+// (the first import's token) must not release the newer import.
+TEST_CASE("dlpack import: a stale import's token does not release a newer import of the address") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  float data[8] = {};
+  std::int64_t shape[1] = {8};
+  int deleted = 0;
+  DLManagedTensor t = cpu_tensor(data, shape, 1);
+  t.manager_ctx = &deleted;
+  t.deleter = [](DLManagedTensor* self) { ++*static_cast<int*>(self->manager_ctx); };
+  auto first = imports.import(&t, kDefaultStream);
+  REQUIRE_OK(first);
+  CHECK(first->token != 0);
+  REQUIRE_OK(imports.release(&t, first->token));
+  wait_for_a_pass(*queue, kDefaultStream);
+  CHECK(deleted == 1);
+  auto second = imports.import(&t, kDefaultStream);  // the producer reused the struct
+  REQUIRE_OK(second);
+  CHECK(second->token != first->token);
+  absl::Status stale = imports.release(&t, first->token);
+  CHECK(stale.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(stale.message()).find("released already") != std::string::npos);
+  CHECK(imports.imported() == 1);
+  REQUIRE_OK(imports.release(&t, second->token));
+  REQUIRE_OK(queue->drain());
+  CHECK(deleted == 2);
+}
+
+// Break test 13, item 5: offsets and strides that overflow the address
+// space are refused and import nothing.
+TEST_CASE("dlpack import: an offset or stride that overflows is refused and imports nothing") {
+  auto rt = host_runtime();
+  auto queue = ReleaseQueue::create(*rt).value();
+  DlpackImports imports(*queue);
+  float data[8] = {};
+  std::int64_t shape[1] = {8};
+  DLManagedTensor offset = cpu_tensor(data, shape, 1);
+  offset.dl_tensor.byte_offset = UINT64_MAX;  // data + offset wraps to data - 1
+  auto status = imports.import(&offset, kDefaultStream).status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("byte_offset") != std::string::npos);
+  std::int64_t strides[1] = {INT64_MIN};
+  DLManagedTensor stride = cpu_tensor(data, shape, 1);
+  stride.dl_tensor.strides = strides;
+  status = imports.import(&stride, kDefaultStream).status();
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("stride") != std::string::npos);
+  CHECK(imports.imported() == 0);
+  // A release naming memory past the end of the address space, too.
+  status = queue->release(0, kDefaultStream, [] {},
+                          {{reinterpret_cast<void*>(std::uintptr_t{0} - 1), SIZE_MAX}});
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(status.message()).find("past the end of the address space") !=
+        std::string::npos);
+  CHECK(queue->stats().requested == 0);
 }
 
 }  // namespace

@@ -263,6 +263,37 @@ TEST_CASE("trace: a release of no memory names no address", "[trace]") {
   std::filesystem::remove(path);
 }
 
+// Break test 13, item 8: a release requested before the trace started wrote
+// a release_done with no release; and releases of no memory could not be
+// matched to their release_done. Every release carries its request number.
+TEST_CASE("trace: release_done only for releases the trace saw, each matched by its number",
+          "[trace]") {
+  auto rt = host_runtime();
+  auto alloc = Allocator::create(rt).value();
+  auto tracker = CaptureTracker::create(*alloc).value();
+  const std::string path = temp_path("trace_release_numbers");
+  auto queue = ReleaseQueue::create(*tracker).value();
+  capalloc::testing::Gate gate;
+  REQUIRE_OK(rt->launch_kernel(kDefaultStream, gate.kernel(nullptr, 0)));
+  REQUIRE_OK(queue->release(0, kDefaultStream, [] {}));  // before the trace
+  REQUIRE_OK(alloc->start_trace(path));
+  REQUIRE_OK(queue->release(0, kDefaultStream, [] {}));
+  REQUIRE_OK(queue->release(0, kDefaultStream, [] {}));
+  gate.open();
+  REQUIRE_OK(queue->drain());
+  REQUIRE_OK(alloc->stop_trace());
+  std::vector<std::uint64_t> requested, done;
+  for (const nlohmann::json& line : trace_lines(path)) {
+    const std::string op = line.value("op", "");
+    if (op != "release" && op != "release_done") continue;
+    REQUIRE(line.contains("release"));
+    (op == "release" ? requested : done).push_back(line["release"].get<std::uint64_t>());
+  }
+  CHECK(requested == std::vector<std::uint64_t>{2, 3});
+  CHECK(done == std::vector<std::uint64_t>{2, 3});
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("trace: an allocator whose trace file cannot be created still works, untraced",
           "[trace]") {
   // Break test of issue 13: an unwritable CAPALLOC_TRACE disabled the whole

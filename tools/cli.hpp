@@ -8,7 +8,9 @@
 #ifndef CAPALLOC_TOOLS_CLI_HPP_
 #define CAPALLOC_TOOLS_CLI_HPP_
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -16,6 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
@@ -90,6 +94,32 @@ void add_audit_command(CLI::App& app, Runner& run);
 // " (strict mode)", " (strict mode, possible findings too)" or "": for the
 // scenarios' headers.
 const char* strict_label(const TrackerOptions& tracker);
+
+// A check for an unsigned number of at most `max` (decimal digits only): CLI11
+// alone wraps "-1" to a huge size_t and clamps an overflowing number to the
+// type's maximum, silently; this makes either a usage error (exit 2).
+inline CLI::Validator unsigned_at_most(std::uint64_t max) {
+  return CLI::Validator(
+      [max](std::string& text) -> std::string {
+        std::uint64_t value = 0;
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        if (!digits || !absl::SimpleAtoi(text, &value)) {
+          return absl::StrCat("'", text, "' is not an unsigned decimal number of at most ", max);
+        }
+        if (value > max) return absl::StrCat(text, " is above the largest value, ", max);
+        return "";
+      },
+      absl::StrCat("UINT<=", max));
+}
+
+// A check that a path is not empty ("" would silently write nothing).
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        return text.empty() ? std::string("the directory is empty; name one") : std::string();
+      },
+      "DIR");
+}
 
 // Prints "capalloc: <status>" to stderr and returns 1.
 int fail(const absl::Status& status);

@@ -155,8 +155,16 @@ int trace_command(const AuditFlags& flags) {
     ++number;
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) return refuse("not a JSON object");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      // "[json.exception.parse_error.101] parse error at line 1, column 9: why"
+      std::string why = e.what();
+      if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
+      return refuse("invalid JSON (" + why + ")");
+    }
+    if (!j.is_object()) return refuse("not a JSON object");
     if (header) {
       if (!j.contains("format") || !j["format"].is_string() ||
           j["format"].get<std::string>() != "capalloc.trace/1") {
@@ -245,6 +253,7 @@ void add_audit_command(CLI::App& app, Runner& run) {
       ->check(CLI::ExistingFile);
   command->add_option("--since", flags->since,
                       "with --trace: only blocks with an id above this one")
+      ->check(unsigned_at_most(std::numeric_limits<std::uint64_t>::max()))
       ->capture_default_str();
   flags->settings = std::make_unique<SettingsFlags>(*command, kRuntimeFlag | kLogLevelFlag);
   command->callback([flags, &run] {

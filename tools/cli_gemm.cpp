@@ -176,7 +176,8 @@ void add_gemm_scenario_command(CLI::App& app, Runner& run) {
   command->add_flag("--json", flags->json, "one JSON object instead of text");
   command->add_option("--report", flags->report_dir,
                       "write DIR/gemm-<arm>.html (with its trace and snapshot) per arm; DIR is "
-                      "created if missing (its parent must exist) (docs/report.md)");
+                      "created if missing (its parent must exist) (docs/report.md)")
+      ->check(non_empty_path());
   flags->settings = std::make_unique<SettingsFlags>(*command, kAllSettingFlags);
   command->callback([flags, &run] { run = [flags] { return gemm_scenario_command(*flags); }; });
 }

@@ -75,10 +75,27 @@ absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const 
   return html_path;
 }
 
+// CLI11 2.1 writes a positional taking 1 to 2 values as "inputs(1x)" (its
+// minimum); this writes "inputs(1-2x)".
+class RangeUsageFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_usage(const CLI::Option* opt) const override {
+    const int low = opt->get_expected_min();
+    const int high = opt->get_expected_max();
+    if (high <= 1 || high >= CLI::detail::expected_max_vector_size || low == high) {
+      return CLI::Formatter::make_option_usage(opt);
+    }
+    std::string usage = make_option_name(opt, true) + "(" + std::to_string(low) + "-" +
+                        std::to_string(high) + "x)";
+    return opt->get_required() ? usage : "[" + usage + "]";
+  }
+};
+
 void add_report_command(CLI::App& app, Runner& run) {
   CLI::App* command = app.add_subcommand(
       "report",
       "draw a snapshot and/or an event trace as one self-contained HTML page (docs/report.md)");
+  command->formatter(std::make_shared<RangeUsageFormatter>());
   auto flags = std::make_shared<ReportFlags>();
   command
       ->add_option("inputs", flags->inputs,
@@ -93,6 +110,7 @@ void add_report_command(CLI::App& app, Runner& run) {
       ->add_option("--max-blocks", flags->max_blocks,
                    "draw at most this many of a trace's blocks (those of findings, live at the "
                    "end, largest and longest first; the rest summarized); 0: all")
+      ->check(unsigned_at_most(std::uint64_t{1} << 40))
       ->capture_default_str();
   command->callback([flags, &run] { run = [flags] { return report_command(*flags); }; });
 }

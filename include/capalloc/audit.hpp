@@ -24,7 +24,7 @@
 // innermost tag scope of the allocating thread.
 //
 // Thread safety: everything here may be used from any thread; tag scopes
-// are per thread.
+// are per thread and per allocator.
 #ifndef CAPALLOC_AUDIT_HPP_
 #define CAPALLOC_AUDIT_HPP_
 
@@ -85,8 +85,12 @@ CAPALLOC_API std::string live_since_to_json(const LiveSince& live);
 // Tags the allocations that `allocator` makes on this thread, while the
 // scope is open, and that carry no tag of their own, with `tag`, and names
 // `location` (a call site such as "model.py:12 in forward"; may be empty) as
-// their site. Scopes nest; the innermost applies. The allocator applies
-// tag scopes from the first one opened on it. Construction fails only past
+// their site. Scopes nest; the innermost scope opened for `allocator`
+// applies (a scope opened for another allocator on the same thread does not
+// tag this one's allocations, nor the reverse; the C ABI's and Python's
+// scopes are the process-wide allocator's). The allocator applies tag
+// scopes from the first one opened on it; without a scope open on the
+// thread the check costs one thread-local load. Construction fails only past
 // 64 nested scopes on one thread: the scope then applies nothing, and ok()
 // is false.
 class CAPALLOC_API AllocationTagScope {

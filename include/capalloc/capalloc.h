@@ -259,7 +259,8 @@ CAPALLOC_API capalloc_status capalloc_get_strict(int* out);
  * work, held or not; a release requested later runs before the call
  * returns. fn must not call capalloc_release_drain. Errors change nothing
  * (fn is not called): INVALID_ARGUMENT (fn NULL, ptr without bytes or the
- * reverse, an unknown device), NOT_FOUND (a stream the runtime does not
+ * reverse, an unknown device, ptr + bytes past the end of the address
+ * space), NOT_FOUND (a stream the runtime does not
  * know), FAILED_PRECONDITION (the stream's capture was invalidated),
  * UNAVAILABLE (a capturing stream on a runtime that cannot tell when a
  * graph is gone: HIP 5.2). */
@@ -288,6 +289,18 @@ struct DLManagedTensor;
 CAPALLOC_API capalloc_status capalloc_dlpack_import(struct DLManagedTensor* tensor, void* stream,
                                                     void** data, size_t* bytes);
 CAPALLOC_API capalloc_status capalloc_dlpack_release(struct DLManagedTensor* tensor);
+/* As capalloc_dlpack_import, also giving the import's token (never 0, never
+ * reused); capalloc_dlpack_release_token releases that import only
+ * (token 0: whichever), and is NOT_FOUND when the address is now another
+ * import: a producer that reuses its DLManagedTensor once the deleter has
+ * run cannot have its newer import released through a stale handle. A
+ * tensor whose import stream was destroyed since is released too (its work
+ * has run). */
+CAPALLOC_API capalloc_status capalloc_dlpack_import_token(struct DLManagedTensor* tensor,
+                                                          void* stream, void** data,
+                                                          size_t* bytes, uint64_t* token);
+CAPALLOC_API capalloc_status capalloc_dlpack_release_token(struct DLManagedTensor* tensor,
+                                                           uint64_t token);
 
 #ifdef __cplusplus
 } /* extern "C" */

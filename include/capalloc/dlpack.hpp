@@ -34,6 +34,7 @@
 #define CAPALLOC_DLPACK_HPP_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -53,6 +54,10 @@ struct ImportedTensor {
   std::size_t bytes = 0;  // from the lowest to one past the highest byte addressed
   int device = 0;
   StreamHandle stream = kDefaultStream;
+  // This import's number (never 0, never reused): release(tensor, token)
+  // releases this import only, not a later import of the same address (a
+  // producer may reuse its DLManagedTensor once the deleter has run).
+  std::uint64_t token = 0;
 };
 
 class CAPALLOC_API DlpackImports {
@@ -76,7 +81,15 @@ class CAPALLOC_API DlpackImports {
   // changing nothing: kInvalidArgument for null; kNotFound for a tensor not
   // imported here, or released already (its deleter may have run, so the
   // pointer must not be used again); the queue's errors.
+  //
+  // A tensor whose import stream has since been destroyed is released too:
+  // destroy_stream waited for its work, so the deleter runs in request order
+  // without waiting on the stream.
   absl::Status release(DLManagedTensor* tensor);
+  // As release(tensor), for the import `token` names only (0: whichever
+  // import): kNotFound when the tensor's current import is another one
+  // (this one was released already, and the producer reused the struct).
+  absl::Status release(DLManagedTensor* tensor, std::uint64_t token);
 
   // Tensors imported and not yet released.
   std::size_t imported() const;

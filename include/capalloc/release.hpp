@@ -113,6 +113,12 @@ class CAPALLOC_API ReleaseQueue {
   // Teardown now: stops the thread and runs every pending release as the
   // destructor does. Later releases run before release() returns. Idempotent.
   // kFailedPrecondition when called from a callback (the progress thread).
+  //
+  // fork(): the progress thread does not exist in a child, and the pending
+  // releases are the parent's. In a child, release() and drain() are
+  // kFailedPrecondition (`fork() child`), DlpackImports::import too, and
+  // teardown (the destructor, the exit handler) leaves everything alone:
+  // nothing inherited runs twice, and exit does not hang.
   absl::Status drain();
 
   ReleaseQueueStats stats() const;
@@ -127,6 +133,16 @@ class CAPALLOC_API ReleaseQueue {
   // remove a hook.
   std::uint64_t add_teardown_hook(absl::AnyInvocable<void()> hook);
   void remove_teardown_hook(std::uint64_t id);
+  // kFailedPrecondition in a fork() child of the process that made the
+  // queue (its progress thread does not exist there).
+  absl::Status check_process(const char* call) const;
+  // release() for a stream the caller knows was live and has since been
+  // destroyed (destroy_stream waited for its work): nothing is left to wait
+  // for on it, so the callback runs in request order once no live graph uses
+  // `memory` (at once after teardown). DlpackImports uses it for a tensor
+  // whose import stream is gone.
+  absl::Status release_after_stream_destroyed(int device, StreamHandle stream, Callback callback,
+                                              std::vector<MemorySpan> memory);
 
   struct Impl;
   explicit ReleaseQueue(std::unique_ptr<Impl> impl);

@@ -237,6 +237,11 @@ def _declare(lib):
         lib.capalloc_dlpack_import.argtypes = [c_void_p, c_void_p, ctypes.POINTER(c_void_p),
                                                ctypes.POINTER(c_size)]
         lib.capalloc_dlpack_release.argtypes = [c_void_p]
+        lib.capalloc_dlpack_import_token.argtypes = [c_void_p, c_void_p,
+                                                     ctypes.POINTER(c_void_p),
+                                                     ctypes.POINTER(c_size),
+                                                     ctypes.POINTER(c_u64)]
+        lib.capalloc_dlpack_release_token.argtypes = [c_void_p, c_u64]
     if hasattr(lib, "capalloc_torch_pool"):
         lib.capalloc_torch_pool.argtypes = [c_int, c_u64, c_u64, ctypes.POINTER(c_u64),
                                             ctypes.POINTER(c_int)]
@@ -529,6 +534,24 @@ def _run_release(context):
 
 _release_trampoline = _RELEASE_FN(_run_release)
 
+# Interpreter exit: once _drain_at_exit has run, Python can no longer be
+# trusted to be alive when the C library's own exit handler runs (after
+# finalization), so no new Python callback or deleter may reach the queue.
+# _exit_lock makes "not yet drained, so queue it" one step against the drain.
+_exit_lock = threading.RLock()
+_exit_drained = False
+# Counts the package's drains: an ImportedTensor imported before one was
+# released by it (teardown releases every tensor still imported).
+_drain_count = 0
+
+
+def _refuse_after_exit_drain(call):
+    if _exit_drained:
+        raise CapallocError(call, 4, "the interpreter is exiting and capalloc's exit drain has "
+                            "run: nothing imported or released now could run before Python is "
+                            "finalized (release before exit, or in an atexit handler registered "
+                            "after importing capalloc)")
+
 
 def _stream(call, stream):
     """A stream as C takes it: None (the default stream), an int (a
@@ -560,16 +583,19 @@ def release_on_stream(callback, stream=None, device=0, memory=None):
         ptr = _int("release_on_stream", "memory address", ptr, 1, _UINT64_MAX)
         nbytes = _int("release_on_stream", "memory nbytes", nbytes, 1, _SIZE_MAX)
     global _release_used
-    _release_used = True
     key = next(_release_keys)
-    with _releases_lock:
-        _releases[key] = callback
-    try:
-        _call("capalloc_release_on_stream", stream, device, _release_trampoline, key, ptr, nbytes)
-    except BaseException:
+    with _exit_lock:
+        _refuse_after_exit_drain("release_on_stream")
         with _releases_lock:
-            _releases.pop(key, None)
-        raise
+            _releases[key] = callback
+        try:
+            _call("capalloc_release_on_stream", stream, device, _release_trampoline, key, ptr,
+                  nbytes)
+        except BaseException:
+            with _releases_lock:
+                _releases.pop(key, None)
+            raise
+        _release_used = True  # only once something was queued: the exit drain has work
 
 
 def release_pending():
@@ -583,6 +609,8 @@ def release_drain():
     """Teardown now: releases every DLPack tensor still imported, then runs
     every pending release after its stream's work (those held by a live
     graph too). Called at interpreter exit."""
+    global _drain_count
+    _drain_count += 1  # before: a tensor imported during the drain is not marked
     _call("capalloc_release_drain")
 
 
@@ -597,9 +625,25 @@ def _drain_at_exit():
     # the interpreter), and the deleters of tensors imported and never
     # released (the library releases them, after their streams' work, and
     # logs a warning with their number).
-    if _release_used and _lib is not None and hasattr(_lib, "capalloc_release_drain"):
-        if _lib.capalloc_release_drain() != _OK:
-            print(f"capalloc: release_drain at exit: {_message(_lib)}", file=sys.stderr)
+    # From here on, release_on_stream, dlpack_import and release() refuse
+    # (FAILED_PRECONDITION): what they queued would run from the library's
+    # exit handler, after finalization, and crash the interpreter.
+    # The lock is not held while draining: a callback run by the drain may
+    # request a release (which the drained queue runs at once). Draining
+    # again after the flag is set catches what was imported meanwhile.
+    global _exit_drained, _drain_count
+
+    def drain():
+        global _drain_count
+        _drain_count += 1
+        if _release_used and _lib is not None and hasattr(_lib, "capalloc_release_drain"):
+            if _lib.capalloc_release_drain() != _OK:
+                print(f"capalloc: release_drain at exit: {_message(_lib)}", file=sys.stderr)
+
+    drain()
+    with _exit_lock:
+        _exit_drained = True
+    drain()
 
 
 _pythonapi = ctypes.pythonapi
@@ -615,17 +659,33 @@ class ImportedTensor:
     """A DLPack tensor capalloc owns until release(): `data` (the address of
     its first element) and `nbytes` (the bytes it addresses)."""
 
-    def __init__(self, managed, data, nbytes, stream):
+    def __init__(self, managed, data, nbytes, stream, token=0):
         self._managed = managed
+        self._token = token  # this import's number: a stale handle releases nothing else
+        self._drains = _drain_count
+        self._released = False
         self.data = data
         self.nbytes = nbytes
         self.stream = stream
 
+    @property
+    def released(self):
+        """True once release() succeeded or a drain (release_drain(), the
+        exit drain) released the tensor."""
+        return self._released or self._drains != _drain_count
+
     def release(self):
         """Gives the tensor back: its deleter runs once the work enqueued on
-        the import's stream up to now has completed. Never waits; a second
-        release raises CapallocError (not found)."""
-        _call("capalloc_dlpack_release", self._managed)
+        the import's stream up to now has completed. Never waits. A second
+        release, or one after release_drain() released the tensor, raises
+        CapallocError (not found) and touches nothing: the producer may have
+        reused the DLManagedTensor for another import."""
+        if self.released:
+            raise CapallocError("capalloc_dlpack_release", 3, "this ImportedTensor was "
+                                "released already (by release() or by a drain); its deleter "
+                                "has run or will run once")
+        _call("capalloc_dlpack_release_token", self._managed, self._token)
+        self._released = True
 
     def __repr__(self):
         return f"<capalloc.ImportedTensor data=0x{self.data or 0:x} nbytes={self.nbytes}>"
@@ -650,11 +710,15 @@ def dlpack_import(tensor, stream=None):
     managed = _pythonapi.PyCapsule_GetPointer(capsule, b"dltensor")
     data = ctypes.c_void_p()
     nbytes = ctypes.c_size_t()
+    token = ctypes.c_uint64()
     global _release_used
-    _release_used = True
-    _call("capalloc_dlpack_import", managed, c_stream, ctypes.byref(data), ctypes.byref(nbytes))
-    _pythonapi.PyCapsule_SetName(capsule, b"used_dltensor")
-    return ImportedTensor(managed, data.value, nbytes.value, c_stream)
+    with _exit_lock:
+        _refuse_after_exit_drain("dlpack_import")
+        _call("capalloc_dlpack_import_token", managed, c_stream, ctypes.byref(data),
+              ctypes.byref(nbytes), ctypes.byref(token))
+        _release_used = True
+        _pythonapi.PyCapsule_SetName(capsule, b"used_dltensor")
+        return ImportedTensor(managed, data.value, nbytes.value, c_stream, token.value)
 
 
 # --- Retention audit and event trace -----------------------------------------

@@ -490,6 +490,119 @@ class ReleaseTest(unittest.TestCase):
         self.assertEqual(child.stdout.split("\n")[:2], ["imported 64", "deleter ran"], child.stdout)
         self.assertIn("1 tensor(s) still imported at teardown were released", child.stderr)
 
+    def test_a_second_release_never_releases_a_reused_struct(self):
+        # Break test 13, item 2: a producer that reuses its DLManagedTensor
+        # once the deleter has run gives the next import the same address; a
+        # second release() of the first handle released the second import.
+        producer = _Producer()
+        first = capalloc.dlpack_import(producer.capsule())
+        first.release()
+        _wait_until_released()
+        self.assertTrue(first.released)
+        second = capalloc.dlpack_import(producer.capsule())  # the same struct
+        with self.assertRaises(capalloc.CapallocError) as e:
+            first.release()
+        self.assertEqual(e.exception.status, 3)
+        self.assertIn("released already", str(e.exception))
+        _wait_until_released()
+        self.assertEqual(producer.deleted, 1)  # the second import is untouched
+        # The C ABI's token alone protects too (a handle made before the flag).
+        stale = capalloc.ImportedTensor(first._managed, first.data, first.nbytes, None,
+                                        first._token)
+        with self.assertRaises(capalloc.CapallocError) as e:
+            stale.release()
+        self.assertIn("released already", str(e.exception))
+        self.assertEqual(producer.deleted, 1)
+        second.release()
+        _wait_until_released()
+        self.assertEqual(producer.deleted, 2)
+        # A drain releases what is still imported: the handle then knows (in
+        # a child: a drain here would stop this process's progress thread).
+        code = ("import sys\n"
+                "sys.path.insert(0, %r)\n"
+                "import capalloc, test_capalloc\n"
+                "p = test_capalloc._Producer()\n"
+                "t = capalloc.dlpack_import(p.capsule())\n"
+                "capalloc.release_drain()\n"
+                "print(t.released, p.deleted)\n"
+                "try:\n"
+                "    t.release()\n"
+                "except capalloc.CapallocError as e:\n"
+                "    print('refused', e.status)\n" % os.path.dirname(os.path.abspath(__file__)))
+        child = run_child(code, {"CAPALLOC_LOG_LEVEL": "error"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertEqual(child.stdout.splitlines(), ["True 1", "refused 3"], child.stdout)
+
+    def test_import_after_the_exit_drain_is_refused_not_a_crash(self):
+        # Break test 13, item 3: an atexit handler that runs after the
+        # package's drain imported a tensor (or requested a release); the
+        # library's own exit handler then ran the Python deleter after
+        # finalization (SIGSEGV). Now both are refused with a clear error.
+        code = (
+            "import atexit, sys\n"
+            "sys.path.insert(0, %r)\n"
+            "keep = []\n"
+            "def late():\n"
+            "    import capalloc, test_capalloc\n"
+            "    p = test_capalloc._Producer(); keep.append(p)\n"
+            "    c = p.capsule(); keep.append(c)\n"
+            "    for call in (lambda: capalloc.dlpack_import(c),\n"
+            "                 lambda: capalloc.release_on_stream(lambda: None)):\n"
+            "        try:\n"
+            "            call(); print('accepted', flush=True)\n"
+            "        except capalloc.CapallocError as e:\n"
+            "            print('refused', e.status, e, flush=True)\n"
+            "atexit.register(late)\n"
+            "import capalloc\n"
+            "capalloc.release_on_stream(lambda: None)\n" % os.path.dirname(os.path.abspath(__file__)))
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stdout + child.stderr)
+        lines = child.stdout.splitlines()
+        self.assertEqual(len(lines), 2, child.stdout)
+        for line in lines:
+            self.assertTrue(line.startswith("refused 4"), line)
+            self.assertIn("capalloc's exit drain has run", line)
+
+    def test_a_failed_release_on_stream_leaves_no_exit_message(self):
+        # Break test 13, item 8: _release_used was set before the call, so a
+        # failed first release made the exit drain print a stale error.
+        code = ("import capalloc\n"
+                "try:\n"
+                "    capalloc.release_on_stream(lambda: None, stream=0x7777)\n"
+                "except capalloc.CapallocError:\n"
+                "    pass\n")
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertNotIn("release_drain at exit", child.stderr)
+
+    def test_a_forked_child_is_refused_a_release_and_exits(self):
+        # Break test 13, item 11: a fork() child has no progress thread; its
+        # release never ran and its exit hung joining the parent's thread.
+        code = (
+            "import os, sys, threading\n"
+            "import capalloc\n"
+            "done = threading.Event()\n"
+            "capalloc.release_on_stream(done.set); done.wait()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    try:\n"
+            "        capalloc.release_on_stream(lambda: None)\n"
+            "        print('child: accepted', flush=True)\n"
+            "    except capalloc.CapallocError as e:\n"
+            "        print('child: refused', e.status, e, flush=True)\n"
+            "    sys.exit(0)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('parent: child status', status, flush=True)\n"
+            "ran = threading.Event()\n"
+            "capalloc.release_on_stream(ran.set)\n"
+            "print('parent: release ran', ran.wait(10), flush=True)\n")
+        child = run_child(code, {})
+        self.assertEqual(child.returncode, 0, child.stdout + child.stderr)
+        lines = child.stdout.splitlines()
+        self.assertTrue(lines[0].startswith("child: refused 4"), child.stdout)
+        self.assertIn("fork() child", lines[0])
+        self.assertEqual(lines[1:], ["parent: child status 0", "parent: release ran True"])
+
     def test_dlpack_import_refuses_a_device_the_runtime_cannot_serve(self):
         producer = _Producer(device_type=_KDLCUDA)
         capsule = producer.capsule()
@@ -536,6 +649,66 @@ def _define_trivial_kernels_like_cute_4_6_1():
 
 
 class RetentionAuditTest(unittest.TestCase):
+    def test_distinct_tags_are_bounded(self):
+        # Break test 13, item 10: every distinct tag (a request id in each)
+        # was interned for the life of the process: 1M tags, +588 MB. Past
+        # 65536 distinct strings, new ones share one placeholder (warned once).
+        code = (
+            "import ctypes, capalloc\n"
+            "lib = capalloc.load()\n"
+            "lib.capalloc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,\n"
+            "                                ctypes.c_int, ctypes.c_void_p]\n"
+            "for i in range(70000):\n"
+            "    lib.capalloc_set_tag(b'request-%d' % i, b'here')\n"
+            "lib.capalloc_set_tag(None, None)\n"
+            "cp = capalloc.checkpoint()\n"
+            "with capalloc.tag('request-999999'):\n"
+            "    p = ctypes.c_void_p(); lib.capalloc_malloc(ctypes.byref(p), 256, 0, None)\n"
+            "print([g['tag'] for g in capalloc.live_since(cp)['groups']])\n")
+        child = run_child(code, {"CAPALLOC_LOG_LEVEL": "warn"})
+        self.assertEqual(child.returncode, 0, child.stderr)
+        self.assertEqual(child.stdout.strip(), "['<capalloc: too many distinct tags>']")
+        self.assertEqual(child.stderr.count("distinct tags, locations and names are interned"), 1,
+                         child.stderr)
+
+    def test_live_since_groups_by_what_it_shows(self):
+        # Break test 13, item 6: with stacks recorded, allocations from one
+        # Python line on threads of different depths made one group per raw
+        # stack, each shown with the same tag, site and symbolized frames.
+        capalloc.record_stacks(True)
+        try:
+            lib = capalloc.load()
+            lib.capalloc_malloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                            ctypes.c_int, ctypes.c_void_p]
+            cp = capalloc.checkpoint()
+            ptrs = []
+            lock = threading.Lock()
+
+            def deep(n):
+                if n:
+                    return deep(n - 1)
+                p = ctypes.c_void_p()
+                self.assertEqual(lib.capalloc_malloc(ctypes.byref(p), 4096, 0, None), 0)
+                with lock:
+                    ptrs.append(p.value)
+
+            threads = [threading.Thread(target=lambda: [deep(30) for _ in range(100)])
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            live = capalloc.live_since(cp)
+        finally:
+            capalloc.record_stacks(False)
+        for p in ptrs:
+            lib.capalloc_free(ctypes.c_void_p(p))
+        shown = [(g["tag"], g["site"], g["location"], tuple(g["stack"])) for g in live["groups"]]
+        self.assertEqual(len(shown), len(set(shown)), shown)
+        self.assertEqual(live["blocks"], 400)
+        self.assertEqual(sum(g["blocks"] for g in live["groups"]), 400)
+        self.assertEqual(sum(len(g["block_list"]) for g in live["groups"]), 400)
+
     def test_seed002_decorator_frame_cycle_pins_a_buffer_and_live_since_names_tag_and_site(self):
         import gc
         gc.disable()  # as CUDA-graph training loops run

@@ -5,7 +5,9 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -18,7 +20,25 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr absl::string_view kSnapshotSchema = "capalloc.snapshot/";
+// The snapshot versions this report draws (capture/snapshot.cpp writes the last).
+constexpr int kSnapshotVersions[] = {1, 2, 3, 4};
 constexpr char kTraceFormat[] = "capalloc.trace/1";
+
+// nlohmann's message for why `text` is not JSON ("invalid string: surrogate
+// U+D800..U+DBFF must be followed by U+DC00..U+DFFF", "unexpected end of
+// input", ...), or "" when it parses.
+std::string json_error(absl::string_view text) {
+  try {
+    Json parsed = Json::parse(text.begin(), text.end());
+    if (parsed.is_discarded()) return "not JSON";
+  } catch (const Json::parse_error& e) {
+    std::string why = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 9: ..."
+    if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
+    return why;
+  }
+  return "";
+}
 
 absl::Status add_snapshot(Json document, const std::string& source, ReportData& data) {
   if (!data.snapshot.is_null()) {
@@ -40,13 +60,18 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
   }
   Json header;
   Json events = Json::array();
+  absl::flat_hash_set<std::uint64_t> live;  // alloc'd and not freed
   int line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
     const absl::string_view content = absl::StripAsciiWhitespace(line);
     if (content.empty() || content.front() == '#') continue;
     Json object = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
-    if (object.is_discarded() || !object.is_object()) {
+    if (object.is_discarded()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ":", line_number, ": invalid JSON (",
+                                                     json_error(content), ") (docs/trace.md)"));
+    }
+    if (!object.is_object()) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ":", line_number, ": not a JSON object (docs/trace.md)"));
     }
@@ -63,6 +88,25 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
       return absl::InvalidArgumentError(
           absl::StrCat(source, ":", line_number, ": an event without a string `op`"));
     }
+    // The reader rules `capalloc audit --trace` and the replays apply to ids
+    // (docs/trace.md): a page drawn from a trace that breaks them would
+    // show blocks that never existed.
+    const std::string op = object["op"].get<std::string>();
+    if ((op == "alloc" || op == "free") && object.contains("id")) {
+      if (!object["id"].is_number_unsigned()) {
+        return absl::InvalidArgumentError(absl::StrCat(source, ":", line_number, ": ", op,
+                                                       " without an unsigned integer \"id\""));
+      }
+      const auto id = object["id"].get<std::uint64_t>();
+      if (op == "alloc" && !live.insert(id).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ":", line_number, ": alloc of id ", id, ", which is live"));
+      }
+      if (op == "free" && live.erase(id) == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ":", line_number, ": free of id ", id, ", which is not live"));
+      }
+    }
     object["line"] = line_number;  // for the page's hover text
     events.push_back(std::move(object));
   }
@@ -77,7 +121,12 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
 
 }  // namespace
 
-absl::Status add_report_input(const std::string& text, const std::string& source, ReportData& data) {
+absl::Status add_report_input(const std::string& text_in, const std::string& source,
+                              ReportData& data) {
+  // A UTF-8 byte order mark at the start is allowed, as `audit --trace`
+  // (and JSON parsers) allow it.
+  absl::string_view text = text_in;
+  absl::ConsumePrefix(&text, "\xEF\xBB\xBF");
   const absl::string_view content = absl::StripAsciiWhitespace(text);
   if (content.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": empty"));
   // A snapshot is one JSON object; a trace's first line is its header.
@@ -87,6 +136,18 @@ absl::Status add_report_input(const std::string& text, const std::string& source
         !absl::StartsWith(whole["schema"].get<std::string>(), kSnapshotSchema)) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": schema ", whole["schema"].dump(), " is not a capalloc snapshot"));
+    }
+    const std::string schema = whole["schema"].get<std::string>();
+    int version = 0;
+    bool known = absl::SimpleAtoi(absl::string_view(schema).substr(kSnapshotSchema.size()), &version);
+    if (known) {
+      known = false;
+      for (int v : kSnapshotVersions) known = known || v == version;
+    }
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": unknown snapshot schema version \"", schema, "\" (this report reads ",
+          kSnapshotSchema, "1 to ", kSnapshotSchema, "4; docs/snapshot.md)"));
     }
     data.sources.push_back(source);
     absl::Status s = add_snapshot(std::move(whole), source, data);
@@ -98,7 +159,7 @@ absl::Status add_report_input(const std::string& text, const std::string& source
         source, ": neither a capalloc snapshot (a JSON object with `schema`) nor a trace "
                 "(JSON Lines starting with a capalloc.trace/1 header)"));
   }
-  absl::Status s = add_trace(text, source, data);
+  absl::Status s = add_trace(std::string(text), source, data);
   if (s.ok()) data.sources.push_back(source);
   return s;
 }
