@@ -25,7 +25,7 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "er
 // A bound that keeps `first + programs` of the oracle far from overflow.
 constexpr std::uint64_t kOracleLimit = 1'000'000'000'000;
 
-constexpr std::array<Variable, 13> kTable = {{
+constexpr std::array<Variable, 14> kTable = {{
     {.id = Var::kRuntime,
      .name = "CAPALLOC_RUNTIME",
      .kind = Kind::kChoice,
@@ -128,6 +128,12 @@ constexpr std::array<Variable, 13> kTable = {{
      .meaning = "write the event trace (`docs/trace.md`) of each allocator created from the "
                 "environment to this file (a second allocator of the process: `path.2`, ...)",
      .read_by = "`AllocatorOptions::from_env`: C ABI, CLI"},
+    {.id = Var::kTorchReplay,
+     .name = "CAPALLOC_TORCH_REPLAY",
+     .kind = Kind::kPath,
+     .meaning = "the script `capalloc bench` replays traces through PyTorch's caching allocator "
+                "with (unset: the source tree's `tools/trace/torch_replay.py`)",
+     .read_by = "`capalloc bench` (its `torch` column)"},
 }};
 
 constexpr bool table_in_enum_order() {

@@ -41,6 +41,7 @@ enum class Var {
   kOracleFirst,
   kStacks,
   kTrace,
+  kTorchReplay,
 };
 
 enum class Kind {

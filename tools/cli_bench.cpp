@@ -41,6 +41,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "common/config.hpp"
 #include "tools/cli.hpp"
 #include "tools/cli_bench.hpp"
 #include "tools/trace/cuda_async_backend.hpp"
@@ -75,8 +76,9 @@ AllocatorSetup setup_gpu_allocator(AllocatorSetup setup) {
   } else if (setup.name == "torch") {
     // The source tree's script, unless CAPALLOC_TORCH_REPLAY names another
     // (the GPU bundle's check runs from a copy of the tree elsewhere).
-    const char* given = std::getenv("CAPALLOC_TORCH_REPLAY");
-    const std::string script = given != nullptr && *given != '\0' ? given : CAPALLOC_TORCH_REPLAY;
+    const std::string script = config::is_set(config::Var::kTorchReplay)
+                                   ? config::get_text(config::Var::kTorchReplay)
+                                   : std::string(CAPALLOC_TORCH_REPLAY);
     setup.command = {"python3", script};
     if (access(script.c_str(), R_OK) != 0) {
       setup.unavailable = absl::StrCat(script, " not found");
