@@ -344,7 +344,13 @@ const AllocatorOptions& Allocator::options() const { return impl_->options; }
 
 absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamHandle stream,
                                           AllocOptions options) {
-  Impl& m = *impl_;
+  return impl_->allocate(bytes, device, stream, options, /*cache_tried=*/false);
+}
+
+absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
+                                                StreamHandle stream, const AllocOptions& request,
+                                                bool cache_tried) {
+  Impl& m = *this;
   if (bytes == 0) {
     return absl::InvalidArgumentError("allocate: size 0; a zero-byte block has no address to give");
   }
@@ -378,13 +384,13 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
   std::lock_guard lock(m.mu);
   // The steady state (allocate_cached_locked); anything else takes the
   // general path below.
-  if (ctx.capture == 0 && options.lifetime == Lifetime::kTransient && options.tag.empty() &&
-      options.owner.empty()) {
+  if (!cache_tried && ctx.capture == 0 && request.lifetime == Lifetime::kTransient &&
+      request.tag.empty() && request.owner.empty()) {
     if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
   if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
-  if (options.lifetime == Lifetime::kPersistent) {
-    if (absl::Status s = m.refuse_persistent(device, stream, bytes, options.tag, ctx); !s.ok()) {
+  if (request.lifetime == Lifetime::kPersistent) {
+    if (absl::Status s = m.refuse_persistent(device, stream, bytes, request.tag, ctx); !s.ok()) {
       return s;
     }
   }
@@ -398,9 +404,9 @@ absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamH
     if (!fresh.ok()) return fresh.status();
     block = *fresh;
   }
-  block->lifetime = options.lifetime;
-  block->tag_id = options.tag.empty() ? 0 : detail::intern_id(options.tag);
-  block->owner_id = options.owner.empty() ? 0 : detail::intern_id(options.owner);
+  block->lifetime = request.lifetime;
+  block->tag_id = request.tag.empty() ? 0 : detail::intern_id(request.tag);
+  block->owner_id = request.owner.empty() ? 0 : detail::intern_id(request.owner);
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;

@@ -159,6 +159,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   ~Impl();
 
   // allocator.cpp
+  // Allocator::allocate; `cache_tried`: the caller tried allocate_cached
+  // already (the torch entry points), so the steady-state path is skipped.
+  absl::StatusOr<void*> allocate(std::size_t bytes, int device, StreamHandle stream,
+                                 const AllocOptions& request, bool cache_tried);
   // The free of a block that the quick cache of the device's default pool
   // takes (allocator.cpp; allocate() has the matching allocation path in
   // line), when none of the conditions the general path handles holds

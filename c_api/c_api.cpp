@@ -100,6 +100,73 @@ capalloc::StreamHandle as_stream(void* stream) {
   return reinterpret_cast<capalloc::StreamHandle>(stream);
 }
 
+// capalloc_torch_malloc's general path: the first call (which finds the
+// allocator), PyTorch pool routes, and whatever the steady-state path
+// declined, with errors reported and logged. `known`: torch_allocator as
+// the caller read it. Out of line, so that the steady-state entry stays
+// small.
+[[gnu::noinline]] void* torch_malloc_general(size_t size, int device, void* stream,
+                                             capalloc::Allocator* known) {
+  void* out = nullptr;
+  capalloc_status status;
+  if (known != nullptr &&
+      capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) {
+    // allocate_cached declined: the general path, without trying it again.
+    status = report(capalloc::detail::guarded("capalloc", [&]() -> absl::Status {
+      auto p = capalloc::detail::AllocatorAccess::impl(*known).allocate(
+          size, device, as_stream(stream), {}, /*cache_tried=*/true);
+      if (!p.ok()) return p.status();
+      out = *p;
+      return absl::OkStatus();
+    }));
+  } else {
+    status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
+      if (!g.host_fallback_reason.empty()) {
+        // Never host memory for PyTorch's device tensors: a clear error now,
+        // not a crash in a kernel later.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the PyTorch entry points need a GPU runtime, and none could be had (",
+            g.host_fallback_reason,
+            "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
+            "on purpose"));
+      }
+      torch_allocator.store(g.allocator, std::memory_order_release);
+      // A capture that a PyTorch pool's filter accepts allocates into that
+      // pool (capalloc_torch_begin_allocate_to_pool).
+      if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
+        return s;
+      }
+      auto p = g.allocator->allocate(size, device, as_stream(stream));
+      if (!p.ok()) return p.status();
+      out = *p;
+      return absl::OkStatus();
+    });
+  }
+  if (status != CAPALLOC_OK) {
+    capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
+                                  last_error);
+    return nullptr;
+  }
+  return out;
+}
+
+// capalloc_torch_free's general path (free_cached declined, or the first
+// call), with errors reported and logged.
+[[gnu::noinline]] void torch_free_general(void* ptr, int device, capalloc::Allocator* known) {
+  const capalloc_status status =
+      known != nullptr
+          ? report(capalloc::detail::guarded("capalloc", [&] {
+              // free_cached declined: the general path, without trying it again.
+              return capalloc::detail::AllocatorAccess::impl(*known).deallocate(ptr, device,
+                                                                                std::nullopt);
+            }))
+          : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
+  if (status != CAPALLOC_OK) {
+    capalloc::detail::log().error("capalloc_torch_free({}, device {}): {}", ptr, device,
+                                  last_error);
+  }
+}
+
 capalloc_status null_argument(const char* call, const char* what) {
   return report(absl::InvalidArgumentError(absl::StrCat(call, ": ", what, " is NULL")));
 }
@@ -359,56 +426,27 @@ capalloc_status capalloc_release_persistent(int device, const char* key) {
 
 void* capalloc_torch_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
-  void* out = nullptr;
-  auto allocate = [&](capalloc::Allocator& a) -> absl::Status {
-    auto p = a.allocate(size, device, as_stream(stream));
-    if (!p.ok()) return p.status();
-    out = *p;
-    return absl::OkStatus();
-  };
-  capalloc_status status;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
-  if (known != nullptr && capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) {
+  if (known != nullptr &&
+      capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) [[likely]] {
     // The allocator is known usable and no PyTorch pool begin is underway
-    // (nothing to route): first the steady-state path, straight into the
-    // allocator (no status to build), then the general one.
+    // (nothing to route): the steady-state path, straight into the
+    // allocator (no status to build). This function is only that, so that
+    // it costs a few instructions around the allocator's own; anything
+    // else is torch_malloc_general's.
+    void* out = nullptr;
     try {
       out = capalloc::detail::AllocatorAccess::impl(*known).allocate_cached(size, device,
                                                                             as_stream(stream));
     } catch (...) {
       out = nullptr;  // the general path says what went wrong
     }
-    if (out != nullptr) {
-      if (capalloc::detail::c_error_set) capalloc::detail::clear_c_error();
+    if (out != nullptr) [[likely]] {
+      if (capalloc::detail::c_error_set) [[unlikely]] capalloc::detail::clear_c_error();
       return out;
     }
-    status = report(capalloc::detail::guarded("capalloc", [&] { return allocate(*known); }));
-  } else {
-    status = with_global([&](const capalloc::detail::GlobalCapalloc& g) {
-      if (!g.host_fallback_reason.empty()) {
-        // Never host memory for PyTorch's device tensors: a clear error now,
-        // not a crash in a kernel later.
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the PyTorch entry points need a GPU runtime, and none could be had (",
-            g.host_fallback_reason,
-            "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
-            "on purpose"));
-      }
-      torch_allocator.store(g.allocator, std::memory_order_release);
-      // A capture that a PyTorch pool's filter accepts allocates into that
-      // pool (capalloc_torch_begin_allocate_to_pool).
-      if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
-        return s;
-      }
-      return allocate(*g.allocator);
-    });
   }
-  if (status != CAPALLOC_OK) {
-    capalloc::detail::log().error("capalloc_torch_malloc({}, device {}): {}", size, device,
-                                  last_error);
-    return nullptr;
-  }
-  return out;
+  return torch_malloc_general(size, device, stream, known);
 }
 
 void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
@@ -416,30 +454,19 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   (void)stream;  // the block remembers its stream; frees are ordered on it
   if (ptr == nullptr) return;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
-  if (known != nullptr) {
+  if (known != nullptr) [[likely]] {
     bool freed = false;
     try {
       freed = capalloc::detail::AllocatorAccess::impl(*known).free_cached(ptr, device);
     } catch (...) {
       freed = false;  // the general path says what went wrong
     }
-    if (freed) {
-      if (capalloc::detail::c_error_set) capalloc::detail::clear_c_error();
+    if (freed) [[likely]] {
+      if (capalloc::detail::c_error_set) [[unlikely]] capalloc::detail::clear_c_error();
       return;
     }
   }
-  const capalloc_status status =
-      known != nullptr
-          ? report(capalloc::detail::guarded("capalloc", [&] {
-              // free_cached declined: the general path, without trying it again.
-              return capalloc::detail::AllocatorAccess::impl(*known).deallocate(ptr, device,
-                                                                                std::nullopt);
-            }))
-          : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
-  if (status != CAPALLOC_OK) {
-    capalloc::detail::log().error("capalloc_torch_free({}, device {}): {}", ptr, device,
-                                  last_error);
-  }
+  torch_free_general(ptr, device, known);
 }
 
 }  // extern "C"
