@@ -11,7 +11,6 @@ namespace capalloc::detail {
 
 namespace {
 constexpr std::size_t kHugeSegmentRounding = std::size_t{2} << 20;
-constexpr std::size_t kMinQuickCacheBytes = std::size_t{1} << 20;
 }  // namespace
 
 SizePolicy SizePolicy::from(const AllocatorOptions& options) {
@@ -136,48 +135,9 @@ void Pool::mark_pending(Block* block) {
   block->state = BlockState::kPendingFree;
 }
 
-void Pool::release_accounting(Block* block) {
-  if (block->state == BlockState::kAllocated) {
-    drop(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
-    drop(stats_.requested_bytes, static_cast<std::int64_t>(block->requested));
-    drop(stats_.allocated_blocks, 1);
-    ++stats_.frees;
-  } else {
-    --stats_.pending_free_blocks;
-  }
-  block->requested = 0;
-  block->used_on.clear();
-  block->lifetime = Lifetime::kTransient;
-  block->tag_id = 0;
-  block->owner_id = 0;
-  block->capture = 0;
-  block->capture_position = 0;
-}
-
 void Pool::give_back(Block* block) {
   release_accounting(block);
   merge_and_file(block);
-}
-
-bool Pool::caches_freed(const Block& block) const {
-  // Cached blocks are holes the FreeIndex does not see: past a share of
-  // the pool, requests the cache misses would carve free runs the holes
-  // could have served, and the pool would fragment. So a cache holds at
-  // most 1/8 of the pool's reserved bytes (at least 1 MiB): without the cap,
-  // the two-stream churn of tests/steady_state_test.cpp reserved a segment
-  // more than the merging path needs.
-  const QuickCache& quick = block.segment->index->quick;
-  const std::size_t cap =
-      std::max(kMinQuickCacheBytes, static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
-  return quick.caches(block.size) && quick.bytes() + block.size <= cap;
-}
-
-void Pool::cache_freed(Block* block) {
-  release_accounting(block);
-  block->state = BlockState::kFree;
-  block->segment->index->quick.push(block);
-  ++stats_.free_blocks;
-  free_bytes_ += static_cast<std::int64_t>(block->size);
 }
 
 void Pool::drain_quick(FreeIndex& index) {

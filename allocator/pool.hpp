@@ -23,6 +23,7 @@
 #ifndef CAPALLOC_ALLOCATOR_POOL_HPP_
 #define CAPALLOC_ALLOCATOR_POOL_HPP_
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <cstdint>
@@ -73,6 +74,9 @@ struct SegmentRange {
   StreamHandle stream = kDefaultStream;  // the stream owning the segment
   SizeClass size_class = SizeClass::kSmall;
 };
+
+// What a quick cache may hold at least (Pool::caches_freed).
+inline constexpr std::size_t kMinQuickCacheBytes = std::size_t{1} << 20;
 
 class Pool {
  public:
@@ -132,11 +136,29 @@ class Pool {
   // Frees an allocated or pending-free block: merges and files it.
   void give_back(Block* block);
   // Whether cache_freed may take `block` (its size is one the quick cache
-  // of its segment's index keeps).
-  bool caches_freed(const Block& block) const;
+  // of its segment's index keeps, and the cache has room). Inline, with
+  // cache_freed: the steady-state free.
+  bool caches_freed(const Block& block) const {
+    // Cached blocks are holes the FreeIndex does not see: past a share of
+    // the pool, requests the cache misses would carve free runs the holes
+    // could have served, and the pool would fragment. So a cache holds at
+    // most 1/8 of the pool's reserved bytes (at least 1 MiB): without the
+    // cap, the two-stream churn of tests/steady_state_test.cpp reserved a
+    // segment more than the merging path needs.
+    const QuickCache& quick = block.segment->index->quick;
+    const std::size_t cap = std::max(kMinQuickCacheBytes,
+                                     static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
+    return quick.caches(block.size) && quick.bytes() + block.size <= cap;
+  }
   // Frees an allocated block into its index's quick cache, unmerged
   // (quick_cache.hpp). Precondition: caches_freed(*block).
-  void cache_freed(Block* block);
+  void cache_freed(Block* block) {
+    release_accounting(block);
+    block->state = BlockState::kFree;
+    block->segment->index->quick.push(block);
+    ++stats_.free_blocks;
+    free_bytes_ += static_cast<std::int64_t>(block->size);
+  }
   // Merges every quick-cached block into the free indexes: before anything
   // that needs whole free segments (take_free_segments does it itself).
   void drain_quick_caches();
@@ -192,7 +214,24 @@ class Pool {
   }
   // The allocated or pending counters of a block being freed, and its
   // per-allocation fields reset.
-  void release_accounting(Block* block);
+  void release_accounting(Block* block) {
+    if (block->state == BlockState::kAllocated) {
+      drop(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
+      drop(stats_.requested_bytes, static_cast<std::int64_t>(block->requested));
+      drop(stats_.allocated_blocks, 1);
+      ++stats_.frees;
+    } else {
+      --stats_.pending_free_blocks;
+    }
+    block->requested = 0;
+    block->used_on.clear();
+    block->lifetime = Lifetime::kTransient;
+    block->tag_id = 0;
+    block->owner_id = 0;
+    block->capture = 0;
+    block->capture_position = 0;
+  }
+
   // Merges a free block (counted as free, filed nowhere) with its free
   // neighbours and files the result in its index.
   void merge_and_file(Block* block);
