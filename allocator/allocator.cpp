@@ -69,7 +69,11 @@ Allocator::Impl::~Impl() {
       gone_streams->any.load(std::memory_order_acquire)) {
     return nullptr;
   }
-  Block* block = devices[device].default_pool->take_cached(stream, rounded, bytes);
+  // The quick cache first, then the free index (a miss here is cheaper
+  // than the general path's: no second capture check, no second lock).
+  Pool& pool = *devices[device].default_pool;
+  Block* block = pool.take_cached(stream, rounded, bytes);
+  if (block == nullptr) block = pool.take_indexed(stream, rounded, bytes);
   if (block == nullptr) return nullptr;
   // The per-allocation fields were reset when the block was cached.
   block->sequence = next_sequence++;

@@ -172,8 +172,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   bool free_cached(void* ptr, int device);
   // The steady-state allocation: a transient, untagged, ownerless request
   // on the default stream or the last stream used, outside captures, with
-  // nothing pending, that the quick cache of the device's default pool
-  // serves. nullptr: nothing changed; take the general path.
+  // nothing pending, that the device's default pool serves from what it
+  // holds (its quick cache, else its free index). nullptr: nothing changed
+  // (a new segment is needed, or a condition fails); take the general path.
   // allocate_cached asks the runtime about captures and takes the lock (the
   // torch entry points' way in); allocate_cached_locked requires mu and a
   // request known to be outside captures (allocate()'s).

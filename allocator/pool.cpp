@@ -82,10 +82,13 @@ void Pool::split(Block* block, std::size_t rounded) {
 }
 
 Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requested) {
-  const SizeClass size_class = policy_.class_of(rounded);
-  FreeIndex* index = find_index(stream, size_class);
-  if (index == nullptr) return nullptr;
   if (Block* block = take_cached(stream, rounded, requested)) return block;
+  return take_indexed(stream, rounded, requested);
+}
+
+Block* Pool::take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested) {
+  FreeIndex* index = find_index(stream, policy_.class_of(rounded));
+  if (index == nullptr) return nullptr;
   Block* block = index->find(rounded);
   if (block == nullptr) {
     // Before the caller reserves a segment: what the quick cache holds,

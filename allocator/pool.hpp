@@ -130,6 +130,9 @@ class Pool {
     account_allocated(block, requested);
     return block;
   }
+  // take() past its quick cache: the FreeIndex, split, and a drain of the
+  // quick cache when the index cannot serve.
+  Block* take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested);
   // Adds a fresh segment owned by `stream` and serves the request from it.
   Block* take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
                                std::size_t rounded, std::size_t requested);
