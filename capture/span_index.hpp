@@ -160,33 +160,45 @@ class SpanIndex {
 };
 
 // Ranges in one vector sorted by start address (insertion order among equal
-// starts), for small sets listed by address.
+// starts), for small sets listed by address. Beside each range, the
+// furthest end of the ranges up to it: a query scans from the first range
+// that reaches past the span's start, not from a lookback as long as the
+// longest range ever held (for ranges that do not overlap one another, as
+// live blocks do not, that is the overlapping ones and at most one more).
 template <typename Value>
 class SortedSpans {
  public:
   void add(std::uintptr_t begin, std::size_t size, const Value& value) {
     auto at = std::upper_bound(items_.begin(), items_.end(), begin,
                                [](std::uintptr_t b, const Item& i) { return b < i.begin; });
-    items_.insert(at, Item{begin, value});
-    longest_ = std::max(longest_, size);
+    const std::size_t p = static_cast<std::size_t>(at - items_.begin());
+    items_.insert(at, Item{begin, begin + std::max<std::size_t>(size, 1), 0, value});
+    reach_from(p);
   }
   template <typename Match>
   bool erase_first(std::uintptr_t begin, std::size_t, Match&& match) {
     for (auto it = lower(begin); it != items_.end() && it->begin == begin; ++it) {
       if (match(it->value)) {
+        const std::size_t p = static_cast<std::size_t>(it - items_.begin());
         items_.erase(it);
+        reach_from(p);
         return true;
       }
     }
     return false;
   }
   bool empty() const { return items_.empty(); }
-  // As SpanIndex::for_candidates (one class), in address order.
+  // Calls visit(begin, value), in address order, for every range that may
+  // overlap `span`: those starting before its end from the first one whose
+  // reach (the furthest end so far) passes its start. `visited` counts them.
+  // The caller checks the overlap itself. Stops early when visit returns
+  // false.
   template <typename F>
   void for_candidates(MemorySpan span, std::uint64_t& visited, F&& visit) const {
     if (span.bytes == 0) return;
-    const std::uintptr_t from = span.begin() > longest_ ? span.begin() - longest_ : 0;
-    for (auto it = lower(from); it != items_.end() && it->begin < span.end(); ++it) {
+    auto it = std::partition_point(items_.begin(), items_.end(),
+                                   [&](const Item& i) { return i.reach <= span.begin(); });
+    for (; it != items_.end() && it->begin < span.end(); ++it) {
       ++visited;
       if (!visit(it->begin, it->value)) return;
     }
@@ -195,18 +207,22 @@ class SortedSpans {
  private:
   struct Item {
     std::uintptr_t begin;
+    std::uintptr_t end;
+    std::uintptr_t reach;  // the furthest end of the items up to this one
     Value value;
   };
-  auto lower(std::uintptr_t begin) const {
-    return std::lower_bound(items_.begin(), items_.end(), begin,
-                            [](const Item& i, std::uintptr_t b) { return i.begin < b; });
+  void reach_from(std::size_t p) {
+    std::uintptr_t reach = p == 0 ? 0 : items_[p - 1].reach;
+    for (std::size_t i = p; i < items_.size(); ++i) {
+      reach = std::max(reach, items_[i].end);
+      items_[i].reach = reach;
+    }
   }
   auto lower(std::uintptr_t begin) {
     return std::lower_bound(items_.begin(), items_.end(), begin,
                             [](const Item& i, std::uintptr_t b) { return i.begin < b; });
   }
   std::vector<Item> items_;
-  std::size_t longest_ = 0;
 };
 
 }  // namespace capalloc::detail
