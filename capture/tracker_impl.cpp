@@ -241,18 +241,27 @@ int CaptureTracker::Impl::device_of(const Finding& f) const {
 
 // Findings of one record against the live blocks its writes touch.
 // Requires mu.
-std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) {
+std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r,
+                                                       std::vector<BlockRef> accessed_live) {
   // The live blocks on anything the graph accesses, asked once: a block is
   // weighed for clobbers when it overlaps an access that may write (any
   // mode but kRead), and for stale reads when it overlaps one that may read
   // (any mode but kWrite), as two lists, one per question, would give.
-  std::vector<MemorySpan> spans;
-  spans.reserve(r.record.writes.size());
-  for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
+  // The record's accesses cover the bytes of the graph's own list, except
+  // touches, which cover their blocks whole: without touches, the live
+  // blocks found on that list before the record was built are these.
+  const bool touches = std::any_of(r.record.writes.begin(), r.record.writes.end(),
+                                   [](const RecordedWrite& w) { return w.mode == AccessMode::kTouch; });
+  if (accessed_live.empty() || touches) {
+    std::vector<MemorySpan> spans;
+    spans.reserve(r.record.writes.size());
+    for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
+    accessed_live = live_victims(r.record.device, std::move(spans));
+  }
   std::vector<Finding> out;
   std::vector<std::size_t> candidates;
   std::vector<BlockRef> read_victims;  // those overlapping an access that may read
-  for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
+  for (const BlockRef& victim : accessed_live) {
     r.writes_overlapping(victim.span(), candidates);
     bool written = false, read = false;
     for (std::size_t i : candidates) {
@@ -327,12 +336,13 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   const detail::CaptureWindow window{capture.id, capture.device, capture.begin_tick};
   std::vector<std::uint64_t> allocated;
   if (auto node = allocated_in.extract(capture.id)) allocated = std::move(node.mapped());
+  std::vector<BlockRef> accessed_live;  // on the graph's accesses, by address
   if (writes.ok()) {
     // Note the live blocks the writes touch (allocated before the capture,
     // outside it) so each write can be tied to its block.
     std::vector<MemorySpan> spans;
     for (const GraphWrite& w : *writes) spans.push_back(w.span);
-    live_victims(capture.device, std::move(spans));
+    accessed_live = live_victims(capture.device, std::move(spans));
     work.nodes += writes->size();
     detail::add_declared_writes(*writes, window, history, record, work.blocks);
   } else {
@@ -355,7 +365,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   // capture allocated and left live, and against the live blocks this graph
   // uses through their own identity (its reads can raise the severity of a
   // clobber another graph makes there).
-  std::vector<Finding> findings = check_record(r);
+  std::vector<Finding> findings = check_record(r, std::move(accessed_live));
   std::vector<MemorySpan> victim_spans;
   for (std::uint64_t sequence : allocated) {
     if (const detail::Occupant* o = history.find(sequence); o != nullptr && o->live()) {
