@@ -9,7 +9,8 @@
 // when: the capture and position of the free, and the tracker's tick, a
 // counter that orders all events the tracker saw.
 //
-// Cost: add and free are O(log n); `overlapping` is O(log n + k + w) where w
+// Cost: add is amortized O(1) (and O(live) for a live block); free, O(live);
+// `overlapping` is O(g + k + w) where g counts granules looked up and w
 // counts occupants starting within the longest length of their size class
 // before the span (span_index.hpp). Not thread-safe; the tracker locks around it.
 #ifndef CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
