@@ -243,17 +243,14 @@ void WriteIndex::add(const IndexedRecord& r) {
     const MemorySpan& s = r.record.writes[i].span;
     d.add(s.begin(), s.bytes, Entry{r.record.graph, i, s.end()});
   }
-  // By block: one lookup per block the record accesses, not per access.
+  // By block: one entry per block the record accesses, not per access.
   // `added` numbers the accesses in write order, as one pass would.
   const std::uint64_t base = added_;
   added_ += r.record.writes.size();
   if (!index_writers_) return;
-  r.for_each_writer([&](std::uint64_t sequence, absl::Span<const std::size_t> accesses) {
+  r.for_each_writer([&](std::uint64_t sequence, absl::Span<const std::size_t>) {
     if (sequence == 0) return;
-    auto& entries = by_writer_[sequence];
-    for (std::size_t i : accesses) {
-      entries.push_back({r.record.writes[i].span.begin(), base + i, r.record.graph, i});
-    }
+    by_writer_[sequence].push_back({&r, base});
   });
 }
 
@@ -262,7 +259,19 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
   std::vector<std::pair<GraphHandle, std::size_t>> out;
   auto it = by_writer_.find(sequence);
   if (it == by_writer_.end()) return out;
-  std::vector<ThroughEntry> entries(it->second.begin(), it->second.end());
+  struct ThroughEntry {
+    std::uintptr_t begin;
+    std::uint64_t added;  // order of addition, for ties on `begin`
+    GraphHandle graph;
+    std::size_t write;
+  };
+  std::vector<ThroughEntry> entries;
+  for (const Accessor& a : it->second) {
+    for (std::size_t i : a.record->accesses_through(sequence)) {
+      entries.push_back(
+          {a.record->record.writes[i].span.begin(), a.base + i, a.record->record.graph, i});
+    }
+  }
   visited_ += entries.size();
   std::sort(entries.begin(), entries.end(), [](const ThroughEntry& a, const ThroughEntry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.added < b.added;
@@ -273,17 +282,20 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
 }
 
 void WriteIndex::remove(const IndexedRecord& r) {
+  if (index_writers_) {
+    r.for_each_writer([&](std::uint64_t sequence, absl::Span<const std::size_t>) {
+      auto t = by_writer_.find(sequence);
+      if (sequence == 0 || t == by_writer_.end()) return;
+      auto& accessors = t->second;
+      accessors.erase(std::remove_if(accessors.begin(), accessors.end(),
+                                     [&](const Accessor& a) { return a.record == &r; }),
+                      accessors.end());
+      if (accessors.empty()) by_writer_.erase(t);
+    });
+  }
   auto d = devices_.find(r.record.device);
   if (d == devices_.end()) return;
   for (const RecordedWrite& w : r.record.writes) {
-    if (auto t = by_writer_.find(w.writer.sequence);
-        index_writers_ && w.writer.sequence != 0 && t != by_writer_.end()) {
-      auto& entries = t->second;
-      entries.erase(std::remove_if(entries.begin(), entries.end(),
-                                   [&](const ThroughEntry& e) { return e.graph == r.record.graph; }),
-                    entries.end());
-      if (entries.empty()) by_writer_.erase(t);
-    }
     d->second.erase_all(w.span.begin(), w.span.bytes,
                         [&](const Entry& e) { return e.graph == r.record.graph; });
   }

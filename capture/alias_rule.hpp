@@ -100,17 +100,19 @@ class WriteIndex {
   std::uint64_t visited() const { return visited_; }
 
  private:
-  struct ThroughEntry {
-    std::uintptr_t begin;
-    std::uint64_t added;  // order of addition, for ties on `begin`
-    GraphHandle graph;
-    std::size_t write;
-  };
   bool index_writers_ = true;
   mutable std::uint64_t visited_ = 0;
   std::uint64_t added_ = 0;
-  // Most blocks are accessed by one graph: one entry inline, no allocation.
-  absl::flat_hash_map<std::uint64_t, absl::InlinedVector<ThroughEntry, 1>> by_writer_;
+  // The records that access a block through it, each with the number of
+  // accesses added before its own (for ties on start address in `through`): one
+  // entry per (block, record), not per access; the accesses themselves are
+  // the record's (accesses_through). Most blocks are accessed by one graph:
+  // one entry inline, no allocation.
+  struct Accessor {
+    const IndexedRecord* record;
+    std::uint64_t base;
+  };
+  absl::flat_hash_map<std::uint64_t, absl::InlinedVector<Accessor, 1>> by_writer_;
   struct Entry {
     GraphHandle graph;
     std::size_t write;

@@ -5,10 +5,8 @@
 
 namespace capalloc::detail {
 
-const BlockHistory::AddressIndex<3>& BlockHistory::LazyAddressIndex::folded() const {
+const BlockHistory::AllIndex& BlockHistory::LazyAddressIndex::folded() const {
   if (!pending.empty()) {
-    // In the order they were noted: a multimap keeps insertion order among
-    // equal keys, as the eager index did.
     for (const Pending& p : pending) index.add(p.begin, p.size, p.index);
     pending.clear();
   }

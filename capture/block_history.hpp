@@ -9,7 +9,8 @@
 // when: the capture and position of the free, and the tracker's tick, a
 // counter that orders all events the tracker saw.
 //
-// Cost: add and free are O(log n); `overlapping` is O(log n + k + w) where w
+// Cost: add is amortized O(1) (and O(live) for a live block); free, O(live);
+// `overlapping` is O(g + k + w) where g counts granules looked up and w
 // counts occupants starting within the longest length of their size class
 // before the span (span_index.hpp). Not thread-safe; the tracker locks around it.
 #ifndef CAPALLOC_CAPTURE_BLOCK_HISTORY_HPP_
@@ -110,13 +111,14 @@ class BlockHistory {
 
  private:
   // Occupants by start address, so that an overlap query scans only the
-  // starts that can reach the span. `ClassBits` (span_index.hpp): the live
-  // indexes keep one class, whose queries list blocks by address (the order
-  // writes are tied to blocks in); the index of every occupant, which holds
-  // a range's whole history, is split by size class.
-  template <int ClassBits>
+  // starts that can reach the span (span_index.hpp). The live indexes, whose
+  // queries list blocks by address (the order writes are tied to blocks in)
+  // and which hold only the blocks now live, are sorted vectors; the index
+  // of every occupant, which holds a range's whole history, is a SpanIndex
+  // (size classes, hashed granules: cheap inserts, unordered queries).
+  template <typename Spans>
   struct AddressIndex {
-    SpanIndex<std::size_t, ClassBits> spans;
+    Spans spans;
     void add(std::uintptr_t begin, std::size_t size, std::size_t index) {
       spans.add(begin, size, index);
     }
@@ -131,6 +133,8 @@ class BlockHistory {
       });
     }
   };
+  using AllIndex = AddressIndex<SpanIndex<std::size_t>>;
+  using LiveIndex = AddressIndex<SortedSpans<std::size_t>>;
   // The index of every occupant, which only reuse chains and `overlapping`
   // read (when a finding is made, or on demand): additions wait in a list
   // and are folded in at the first query, so that captures without
@@ -141,17 +145,17 @@ class BlockHistory {
       std::size_t size;
       std::size_t index;
     };
-    mutable AddressIndex<3> index;
+    mutable AllIndex index;
     mutable std::vector<Pending> pending;
     void add(std::uintptr_t begin, std::size_t size, std::size_t i) {
       pending.push_back({begin, size, i});
     }
-    const AddressIndex<3>& folded() const;
+    const AllIndex& folded() const;
   };
   struct DeviceIndex {
     LazyAddressIndex all;  // every occupant ever noted
-    AddressIndex<64> live;  // occupants not freed
-    AddressIndex<64> live_outside;  // of those, the ones allocated outside captures
+    LiveIndex live;  // occupants not freed
+    LiveIndex live_outside;  // of those, the ones allocated outside captures
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
   void rebuild(std::deque<Occupant> occupants);

@@ -7,7 +7,6 @@
 #include <string>
 #include <tuple>
 
-#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -242,16 +241,35 @@ int CaptureTracker::Impl::device_of(const Finding& f) const {
 
 // Findings of one record against the live blocks its writes touch.
 // Requires mu.
-std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) {
-  std::vector<MemorySpan> spans, read_spans;  // what the graph writes, and what it reads
-  for (const RecordedWrite& w : r.record.writes) {
-    if (w.mode != AccessMode::kRead) spans.push_back(w.span);
-    if (w.mode != AccessMode::kWrite) read_spans.push_back(w.span);
+std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r,
+                                                       std::vector<BlockRef> accessed_live) {
+  // The live blocks on anything the graph accesses, asked once: a block is
+  // weighed for clobbers when it overlaps an access that may write (any
+  // mode but kRead), and for stale reads when it overlaps one that may read
+  // (any mode but kWrite), as two lists, one per question, would give.
+  // The record's accesses cover the bytes of the graph's own list, except
+  // touches, which cover their blocks whole: without touches, the live
+  // blocks found on that list before the record was built are these.
+  const bool touches = std::any_of(r.record.writes.begin(), r.record.writes.end(),
+                                   [](const RecordedWrite& w) { return w.mode == AccessMode::kTouch; });
+  if (accessed_live.empty() || touches) {
+    std::vector<MemorySpan> spans;
+    spans.reserve(r.record.writes.size());
+    for (const RecordedWrite& w : r.record.writes) spans.push_back(w.span);
+    accessed_live = live_victims(r.record.device, std::move(spans));
   }
   std::vector<Finding> out;
   std::vector<std::size_t> candidates;
-  for (const BlockRef& victim : live_victims(r.record.device, std::move(spans))) {
+  std::vector<BlockRef> read_victims;  // those overlapping an access that may read
+  for (const BlockRef& victim : accessed_live) {
     r.writes_overlapping(victim.span(), candidates);
+    bool written = false, read = false;
+    for (std::size_t i : candidates) {
+      written = written || r.record.writes[i].mode != AccessMode::kRead;
+      read = read || r.record.writes[i].mode != AccessMode::kWrite;
+    }
+    if (read) read_victims.push_back(victim);
+    if (!written) continue;
     ++work.victims;
     work.accesses += candidates.size();
     detail::find_clobbers(r, victim, candidates, out);
@@ -259,7 +277,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r) 
   // Stale reads: live blocks now holding bytes the graph reads through
   // another block (the common case, a read through its own live block,
   // finds nothing).
-  for (const BlockRef& victim : live_victims(r.record.device, std::move(read_spans))) {
+  for (const BlockRef& victim : read_victims) {
     r.writes_overlapping(victim.span(), candidates);
     ++work.victims;
     work.accesses += candidates.size();
@@ -318,12 +336,13 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   const detail::CaptureWindow window{capture.id, capture.device, capture.begin_tick};
   std::vector<std::uint64_t> allocated;
   if (auto node = allocated_in.extract(capture.id)) allocated = std::move(node.mapped());
+  std::vector<BlockRef> accessed_live;  // on the graph's accesses, by address
   if (writes.ok()) {
     // Note the live blocks the writes touch (allocated before the capture,
     // outside it) so each write can be tied to its block.
     std::vector<MemorySpan> spans;
     for (const GraphWrite& w : *writes) spans.push_back(w.span);
-    live_victims(capture.device, std::move(spans));
+    accessed_live = live_victims(capture.device, std::move(spans));
     work.nodes += writes->size();
     detail::add_declared_writes(*writes, window, history, record, work.blocks);
   } else {
@@ -346,7 +365,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   // capture allocated and left live, and against the live blocks this graph
   // uses through their own identity (its reads can raise the severity of a
   // clobber another graph makes there).
-  std::vector<Finding> findings = check_record(r);
+  std::vector<Finding> findings = check_record(r, std::move(accessed_live));
   std::vector<MemorySpan> victim_spans;
   for (std::uint64_t sequence : allocated) {
     if (const detail::Occupant* o = history.find(sequence); o != nullptr && o->live()) {
@@ -359,21 +378,27 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
     }
   }
   absl::flat_hash_set<std::uint64_t> seen;
+  // Reused across victims: the writes on the victim, by graph then write
+  // (each graph's candidates in capture order), and one graph's candidates.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping;
+  std::vector<std::size_t> candidates;
   for (const BlockRef& victim : live_victims(capture.device, std::move(victim_spans))) {
     if (!seen.insert(victim.sequence).second) continue;
-    absl::btree_map<GraphHandle, std::vector<std::size_t>> by_graph;
     index.overlapping(capture.device, victim.span(), overlapping);
-    for (auto [g, w] : overlapping) {
-      if (g != graph) by_graph[g].push_back(w);
-    }
-    for (auto& [g, candidates] : by_graph) {
-      std::sort(candidates.begin(), candidates.end());
+    std::erase_if(overlapping, [&](const auto& e) { return e.first == graph; });
+    std::sort(overlapping.begin(), overlapping.end());
+    for (std::size_t at = 0; at < overlapping.size();) {
+      const GraphHandle g = overlapping[at].first;
+      candidates.clear();
+      for (; at < overlapping.size() && overlapping[at].first == g; ++at) {
+        candidates.push_back(overlapping[at].second);
+      }
       ++work.victims;
       work.accesses += candidates.size();
+      const IndexedRecord& other = *records.at(g);
       const std::size_t before = findings.size();
-      detail::find_clobbers(*records.at(g), victim, candidates, findings);
-      detail::find_stale_reads(*records.at(g), victim, candidates, findings);
+      detail::find_clobbers(other, victim, candidates, findings);
+      detail::find_stale_reads(other, victim, candidates, findings);
       for (std::size_t i = before; i < findings.size(); ++i) complete_finding(findings[i]);
     }
   }

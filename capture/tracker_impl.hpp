@@ -195,7 +195,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   std::vector<BlockRef> live_victims(int device, std::vector<MemorySpan> spans);
   void complete_finding(Finding& f) const;
   int device_of(const Finding& f) const;
-  std::vector<Finding> check_record(const IndexedRecord& r);
+  // `accessed_live`: the live blocks on the graph's list of accesses, found
+  // when its record was built (empty: none known, asked again).
+  std::vector<Finding> check_record(const IndexedRecord& r,
+                                    std::vector<BlockRef> accessed_live = {});
   std::vector<Finding> only_new(std::vector<Finding> findings);
   absl::StatusOr<const IndexedRecord*> record_of(GraphHandle graph) const;
   // Builds, indexes and checks the record of a finished capture; returns
