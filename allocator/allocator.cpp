@@ -75,7 +75,8 @@ Allocator::Impl::~Impl() {
   Block* block = pool.take_cached(stream, rounded, bytes);
   if (block == nullptr) block = pool.take_indexed(stream, rounded, bytes);
   if (block == nullptr) return nullptr;
-  // The per-allocation fields were reset when the block was cached.
+  // The per-allocation fields were reset when the block was freed (or
+  // made by a split), whether it was cached or filed in the index.
   block->sequence = next_sequence++;
   if (observer != nullptr) observer->on_allocate(*block);
   live.insert(block->addr, block);
