@@ -164,8 +164,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::StatusOr<void*> allocate(std::size_t bytes, int device, StreamHandle stream,
                                  const AllocOptions& request, bool cache_tried);
   // steady_state.hpp (inline; include it where these three are called).
-  // The free of a block that the quick cache of the device's default pool
-  // takes, when none of the conditions the general path handles holds
+  // The free of a block of a device's default pool (into its quick cache,
+  // or merged into its free index when the cache holds its share or the
+  // block is too large for it), when none of the conditions the general
+  // path handles holds
   // (capture blocks, blocks used on other streams, owned blocks, a
   // listener that must hear of the free, reports from other threads).
   // False: nothing changed; Impl::deallocate decides everything anew.

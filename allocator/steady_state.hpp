@@ -74,14 +74,21 @@ namespace capalloc {
   detail::Pool& pool = *segment.pool;
   if ((device != kAnyDevice && device != segment.device) || block->owner_id != 0 ||
       block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
-      (listener != nullptr && devices[segment.device].routes > 0) || !pool.caches_freed(*block) ||
+      (listener != nullptr && devices[segment.device].routes > 0) ||
       (segment.stream != kDefaultStream && segment.stream != last_known_stream &&
        !known_streams.contains(segment.stream))) {
     return false;
   }
   live.erase_slot(slot);
   const std::uint64_t sequence = block->sequence;
-  pool.cache_freed(block);
+  // Past the cache's share (or too large for it), the block merges into the
+  // free index at once, as Impl::free_block would do with it, under this
+  // lock: the general path would take the lock and find the block again.
+  if (pool.caches_freed(*block)) {
+    pool.cache_freed(block);
+  } else {
+    pool.give_back(block);
+  }
   if (observer != nullptr) observer->on_free(sequence);
   return true;
 }
