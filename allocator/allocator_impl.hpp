@@ -167,9 +167,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // The free of a block of a device's default pool (into its quick cache,
   // or merged into its free index when the cache holds its share or the
   // block is too large for it), when none of the conditions the general
-  // path handles holds
-  // (capture blocks, blocks used on other streams, owned blocks, a
-  // listener that must hear of the free, reports from other threads).
+  // path handles holds (capture blocks, blocks used on other streams, owned
+  // blocks, a listener that must hear of the free, reports from other
+  // threads).
   // False: nothing changed; Impl::deallocate decides everything anew.
   bool free_cached(void* ptr, int device);
   // The steady-state allocation: a transient, untagged, ownerless request

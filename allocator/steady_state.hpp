@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 
 #include "allocator/allocator_impl.hpp"
@@ -46,9 +47,12 @@ namespace capalloc {
 }
 
 [[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached(std::size_t bytes, int device, StreamHandle stream) {
-  if (bytes - 1 >= detail::QuickCache::kMaxCachedGranules << policy.granule_shift ||
+  // Any size the pool may hold: the quick cache serves small ones, the free
+  // index the rest. 0 and implausible sizes (allocate() says why) and
+  // unknown devices take the general path.
+  if (bytes - 1 >= std::numeric_limits<std::size_t>::max() / 2 ||
       static_cast<std::size_t>(device) >= devices.size()) {
-    return nullptr;  // 0, more than a cached block serves, or no such device
+    return nullptr;
   }
   if (runtime->any_capture_active(device)) {
     auto info = runtime->capture_info(stream);
