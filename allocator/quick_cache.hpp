@@ -23,10 +23,14 @@
 // which a cached block does not otherwise use), so that the most recently
 // freed block of a class is reused first and a merge can unlink a cached
 // neighbour in O(1). A block is filed under the class its size falls in; a
-// request pops from the lowest class whose every block fits it, so a hit
-// hands out at most 1/8 more than asked (kept inside the block, as a split
-// keeps a remainder under one granule), and serves sizes that differ by a
-// few granules, as a steady state of varying sizes asks.
+// request pops from the lowest class whose every block fits it, else from
+// the class above that, so a hit hands out at most 1/4 more than asked
+// (kept inside the block, as a split keeps a remainder under one granule),
+// and serves sizes that differ by a few granules, as a steady state of
+// varying sizes asks. The second class: on small-block churn about half the
+// requests found the first one empty and paid the free index and a split
+// (callgrind, torch entry points: 51.00M -> 46.98M instructions; peak
+// reserved unchanged on the four generated traces).
 #ifndef CAPALLOC_ALLOCATOR_QUICK_CACHE_HPP_
 #define CAPALLOC_ALLOCATOR_QUICK_CACHE_HPP_
 
@@ -113,13 +117,15 @@ class QuickCache {
   }
 
   // The most recently cached block of the lowest class whose blocks all
-  // hold `size` bytes, unlinked, or nullptr (nothing cached there, or a
-  // size beyond the cached classes).
+  // hold `size` bytes, else of the class above it, unlinked; nullptr when
+  // both are empty or the size is beyond the cached classes.
   Block* pop(std::size_t size) {
     const std::size_t granules = size >> granule_shift_;
     if (granules >= quick_classes::kTableGranules) return nullptr;
     const std::size_t i = quick_classes::kTables.fitting[granules];
-    return i < kBins ? pop_head(i) : nullptr;
+    if (i >= kBins) return nullptr;
+    if (Block* b = pop_head(i)) return b;
+    return i + 1 < kBins ? pop_head(i + 1) : nullptr;
   }
 
   // Files a free block. Precondition: caches(block->size), not filed anywhere.
