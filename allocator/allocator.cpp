@@ -97,16 +97,9 @@ void* Allocator::Impl::allocate_cached(std::size_t bytes, int device, StreamHand
   return allocate_cached_locked(bytes, rounded, device, stream);
 }
 
-bool Allocator::Impl::free_cached(void* ptr, int device) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (addr == 0) return false;  // 0 marks an empty slot of the table
-  std::lock_guard lock(mu);
-  if (gone_graphs->any.load(std::memory_order_acquire) ||
-      gone_streams->any.load(std::memory_order_acquire)) {
-    return false;
-  }
-  const std::size_t slot = live.find_slot(addr);
-  if (slot == detail::BlockTable::kNoSlot) return false;
+// Inline into free_cached and Impl::deallocate, its two callers here.
+[[gnu::always_inline]] inline bool Allocator::Impl::free_cached_locked(std::size_t slot,
+                                                                      int device) {
   Block* block = live.block_at(slot);
   const detail::Segment& segment = *block->segment;
   Pool& pool = *segment.pool;
@@ -122,6 +115,18 @@ bool Allocator::Impl::free_cached(void* ptr, int device) {
   pool.cache_freed(block);
   if (observer != nullptr) observer->on_free(sequence);
   return true;
+}
+
+bool Allocator::Impl::free_cached(void* ptr, int device) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (addr == 0) return false;  // 0 marks an empty slot of the table
+  std::lock_guard lock(mu);
+  if (gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const std::size_t slot = live.find_slot(addr);
+  return slot != detail::BlockTable::kNoSlot && free_cached_locked(slot, device);
 }
 
 absl::Status Allocator::Impl::check_device(int device) const {
@@ -235,30 +240,37 @@ absl::Status Allocator::Impl::refuse_persistent(int device, StreamHandle stream,
 void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureId capture,
                              std::size_t position, std::uintptr_t graph) {
   if (listener == nullptr) return;
-  BlockEvent event;
-  event.kind = kind;
-  event.block = info_of(block);
-  event.capture = capture;
-  event.position = position;
-  event.capture_graph = graph;
+  const BlockEvent event = event_of(kind, block, capture, position, graph);
   listener->on_block_event(event);
 }
 
+// Both built in place, one store per field: a BlockInfo built apart and
+// copied into a zeroed event made the copy's wide loads wait for its narrow
+// stores (store-to-load forwarding failed; perf, part 1 of
+// capalloc_bench_capture), which cost more than the instructions did.
 BlockInfo Allocator::Impl::info_of(const Block& b) const {
-  BlockInfo info;
-  info.ptr = b.ptr();
-  info.size = b.size;
-  info.requested = b.requested;
-  info.device = b.segment->device;
-  info.stream = b.segment->stream;
-  info.state = b.state;
-  info.lifetime = b.lifetime;
-  info.tag = detail::interned(b.tag_id);
-  info.sequence = b.sequence;
-  info.pool = b.segment->pool->handle();
-  info.capture = b.capture;
-  info.capture_position = b.capture_position;
-  return info;
+  const detail::Segment& segment = *b.segment;
+  return BlockInfo{.ptr = b.ptr(),
+                   .size = b.size,
+                   .requested = b.requested,
+                   .device = segment.device,
+                   .stream = segment.stream,
+                   .state = b.state,
+                   .lifetime = b.lifetime,
+                   .tag = detail::interned(b.tag_id),
+                   .sequence = b.sequence,
+                   .pool = segment.pool->handle(),
+                   .capture = b.capture,
+                   .capture_position = b.capture_position};
+}
+
+BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& block, CaptureId capture,
+                                     std::size_t position, std::uintptr_t graph) const {
+  return BlockEvent{.kind = kind,
+                    .block = info_of(block),
+                    .capture = capture,
+                    .position = position,
+                    .capture_graph = graph};
 }
 
 AllocatorStats Allocator::Impl::device_stats(int device) const {
@@ -426,21 +438,36 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {
-  if (impl_->free_cached(ptr, device)) return absl::OkStatus();
-  return impl_->deallocate(ptr, device, std::nullopt);
+  return impl_->deallocate(ptr, device, std::nullopt, /*try_cache=*/true);
 }
 
 absl::Status Allocator::deallocate_owned(void* ptr, std::string_view owner) {
-  return impl_->deallocate(ptr, kAnyDevice, owner);
+  return impl_->deallocate(ptr, kAnyDevice, owner, /*try_cache=*/false);
 }
 
 absl::Status Allocator::Impl::deallocate(void* ptr, int device,
-                                         std::optional<std::string_view> as_owner) {
+                                         std::optional<std::string_view> as_owner,
+                                         bool try_cache) {
   Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(m.mu);
-  m.apply_runtime_reports();
-  Block* block = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  // One lock and one pointer-table lookup for both paths: the steady state
+  // (free_cached_locked) when no report is waiting, else the general path
+  // with the block that lookup found. (Blocks born in captures take the
+  // general path, and used to pay the lock and the lookup twice.)
+  Block* block = nullptr;
+  if (m.gone_graphs->any.load(std::memory_order_acquire) ||
+      m.gone_streams->any.load(std::memory_order_acquire)) {
+    m.apply_runtime_reports();
+    block = m.live.find(addr);
+  } else {
+    const std::size_t slot = m.live.find_slot(addr);
+    if (slot != detail::BlockTable::kNoSlot) {
+      if (try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
+      block = m.live.block_at(slot);
+    }
+  }
   if (block == nullptr) return m.diagnose_unknown(ptr, "deallocate");
   const int owner = block->segment->device;
   if (device != kAnyDevice && device != owner) {
@@ -466,24 +493,25 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // such blocks and must not take them for live after their memory is
   // reused), and every free while a capture is routed on the device, with
   // the capture position of the block's stream if that stream is capturing.
-  std::optional<BlockEvent> freed;
-  if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
-    freed.emplace();
-    freed->kind = BlockEvent::Kind::kFree;
-    freed->block = m.info_of(*block);  // before it may merge away
+  const bool tell = m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0);
+  CaptureInfo at_free;  // outside any capture unless the stream is capturing
+  if (tell) {
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
-      freed->capture = info->id;
-      freed->position = info->position;
-      freed->capture_graph = info->graph;
+      at_free = *info;
     }
   }
+  // Described before the free, which may merge the block away.
+  const BlockEvent freed =
+      tell ? m.event_of(BlockEvent::Kind::kFree, *block, at_free.id, at_free.position,
+                        at_free.graph)
+           : BlockEvent{};
   const std::uint64_t sequence = block->sequence;
   if (absl::Status s = m.free_block(block); !s.ok()) return s;
   if (m.observer != nullptr) m.observer->on_free(sequence);
   // Told only once the free has happened: a free that failed (its block left
   // allocated) must not look like one to the tracker.
-  if (freed.has_value()) m.listener->on_block_event(*freed);
+  if (tell) m.listener->on_block_event(freed);
   return absl::OkStatus();
 }
 

@@ -169,7 +169,11 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // (capture blocks, blocks used on other streams, owned blocks, a
   // listener that must hear of the free, reports from other threads).
   // False: nothing changed; Impl::deallocate decides everything anew.
+  // free_cached takes the lock (the torch entry points' way in);
+  // free_cached_locked requires mu and the block's slot in the pointer
+  // table, with no runtime report waiting (Impl::deallocate's).
   bool free_cached(void* ptr, int device);
+  bool free_cached_locked(std::size_t slot, int device);
   // The steady-state allocation: a transient, untagged, ownerless request
   // on the default stream or the last stream used, outside captures, with
   // nothing pending, that the device's default pool serves from what it
@@ -212,14 +216,19 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // Forgets the streams the runtime reported destroyed: their record_stream
   // uses (their work has run) and their fully free segments. Requires mu.
   void apply_gone_streams();
-  // deallocate() and deallocate_owned() (with the owner's name).
-  absl::Status deallocate(void* ptr, int device, std::optional<std::string_view> as_owner);
+  // deallocate() and deallocate_owned() (with the owner's name);
+  // `try_cache`: the steady-state free first (deallocate(); not the torch
+  // entry points, which tried free_cached already).
+  absl::Status deallocate(void* ptr, int device, std::optional<std::string_view> as_owner,
+                          bool try_cache);
   absl::StatusOr<EventHandle> acquire_event(int device);
   absl::Status record_free_events(detail::Block* block);
   void process_pending();
   void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
               std::size_t position, std::uintptr_t graph);
   BlockInfo info_of(const detail::Block& block) const;
+  BlockEvent event_of(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
+                      std::size_t position, std::uintptr_t graph) const;
   AllocatorStats device_stats(int device) const;
 
   // graph_pools.cpp

@@ -60,7 +60,8 @@ void CaptureTracker::Impl::maybe_prune_history() {
 
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
   std::lock_guard lock(log_mu);
-  log.push_back({event, ++ticks});
+  // Built in place: one copy of the event, not a temporary and a move.
+  log.emplace_back(event, ++ticks);
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
