@@ -13,7 +13,6 @@
 #include <bit>
 #include <limits>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -244,26 +243,10 @@ void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureI
   listener->on_block_event(event);
 }
 
-// Both built in place, one store per field: a BlockInfo built apart and
-// copied into a zeroed event made the copy's wide loads wait for its narrow
-// stores (store-to-load forwarding failed; perf, part 1 of
+// Built in place, one store per field (info_of too): a BlockInfo built
+// apart and copied into a zeroed event made the copy's wide loads wait for
+// its narrow stores (store-to-load forwarding failed; perf, part 1 of
 // capalloc_bench_capture), which cost more than the instructions did.
-BlockInfo Allocator::Impl::info_of(const Block& b) const {
-  const detail::Segment& segment = *b.segment;
-  return BlockInfo{.ptr = b.ptr(),
-                   .size = b.size,
-                   .requested = b.requested,
-                   .device = segment.device,
-                   .stream = segment.stream,
-                   .state = b.state,
-                   .lifetime = b.lifetime,
-                   .tag = detail::interned(b.tag_id),
-                   .sequence = b.sequence,
-                   .pool = segment.pool->handle(),
-                   .capture = b.capture,
-                   .capture_position = b.capture_position};
-}
-
 BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& block, CaptureId capture,
                                      std::size_t position, std::uintptr_t graph) const {
   return BlockEvent{.kind = kind,
@@ -438,15 +421,15 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {
-  return impl_->deallocate(ptr, device, std::nullopt, /*try_cache=*/true);
+  return impl_->deallocate(ptr, device, /*as_owner=*/nullptr, /*try_cache=*/true);
 }
 
 absl::Status Allocator::deallocate_owned(void* ptr, std::string_view owner) {
-  return impl_->deallocate(ptr, kAnyDevice, owner, /*try_cache=*/false);
+  return impl_->deallocate(ptr, kAnyDevice, &owner, /*try_cache=*/false);
 }
 
 absl::Status Allocator::Impl::deallocate(void* ptr, int device,
-                                         std::optional<std::string_view> as_owner,
+                                         const std::string_view* as_owner,
                                          bool try_cache) {
   Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
@@ -457,12 +440,13 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // with the block that lookup found. (Blocks born in captures take the
   // general path, and used to pay the lock and the lookup twice.)
   Block* block = nullptr;
+  std::size_t slot = detail::BlockTable::kNoSlot;  // free_block's, when known
   if (m.gone_graphs->any.load(std::memory_order_acquire) ||
       m.gone_streams->any.load(std::memory_order_acquire)) {
     m.apply_runtime_reports();
     block = m.live.find(addr);
   } else {
-    const std::size_t slot = m.live.find_slot(addr);
+    slot = m.live.find_slot(addr);
     if (slot != detail::BlockTable::kNoSlot) {
       if (try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
       block = m.live.block_at(slot);
@@ -474,9 +458,9 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
     return absl::InvalidArgumentError(absl::StrFormat(
         "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
   }
-  if (block->owner_id != 0 || as_owner.has_value()) {
+  if (block->owner_id != 0 || as_owner != nullptr) {
     const std::string_view block_owner = detail::interned(block->owner_id);
-    if (!as_owner.has_value()) {
+    if (as_owner == nullptr) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "deallocate(%p): the block has an owner and a plain free would leave the owner "
           "handing out a freed address; release it with %s",
@@ -507,7 +491,8 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
                         at_free.graph)
            : BlockEvent{};
   const std::uint64_t sequence = block->sequence;
-  if (absl::Status s = m.free_block(block); !s.ok()) return s;
+  // The table is unchanged since the lookup: free_block reuses its slot.
+  if (absl::Status s = m.free_block(block, slot); !s.ok()) return s;
   if (m.observer != nullptr) m.observer->on_free(sequence);
   // Told only once the free has happened: a free that failed (its block left
   // allocated) must not look like one to the tracker.
