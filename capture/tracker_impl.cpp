@@ -60,7 +60,6 @@ void CaptureTracker::Impl::maybe_prune_history() {
 
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
   std::lock_guard lock(log_mu);
-  // Built in place: one copy of the event, not a temporary and a move.
   log.emplace_back(event, ++ticks);
 }
 
@@ -152,23 +151,23 @@ void CaptureTracker::Impl::drain_log() {
   std::uintptr_t run_graph = 0;
   std::vector<std::uint64_t>* run_allocated = nullptr;
   for (const detail::LoggedEvent& e : draining) {
-    const BlockRef ref = BlockRef::from(e.event.block);
-    if (e.event.kind == BlockEvent::Kind::kAllocate) {
-      const std::size_t noted = history.note_in_batch(e.event.block.device, ref, e.tick);
+    const BlockRef ref = e.block();
+    if (e.kind == BlockEvent::Kind::kAllocate) {
+      const std::size_t noted = history.note_in_batch(e.device, ref, e.tick);
       if (noted != detail::BlockHistory::kNotNew) noted_in_batch.push_back(noted);
       if (ref.capture != 0) {
         // note_capture again with the same capture and graph changes nothing.
-        if (ref.capture != run_capture || run_allocated == nullptr ||
-            e.event.capture_graph != run_graph) {
+        const std::uintptr_t graph = e.graph_or_position;
+        if (ref.capture != run_capture || run_allocated == nullptr || graph != run_graph) {
           run_capture = ref.capture;
-          run_graph = e.event.capture_graph;
+          run_graph = graph;
           run_allocated = &allocated_in[ref.capture];
-          note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
+          note_capture(ref.capture, e.device, e.stream_or_capture, e.pool, e.tick, graph);
         }
         run_allocated->push_back(ref.sequence);
       }
     } else {
-      history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
+      history.freed(e.device, ref, e.tick, e.stream_or_capture, e.graph_or_position);
     }
   }
   for (std::size_t noted : noted_in_batch) history.index_if_live(noted);
@@ -419,17 +418,18 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   return fresh;
 }
 
-void CaptureTracker::Impl::note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick,
+void CaptureTracker::Impl::note_capture(CaptureId id, int device, StreamHandle stream,
+                                        PoolHandle pool, std::uint64_t tick,
                                         std::uintptr_t graph) {
   if (auto it = discovered.find(id); it != discovered.end()) {
     if (it->second.graph == 0) it->second.graph = graph;
     return;
   }
-  for (const auto& [stream, capture] : active) {
+  for (const auto& [origin, capture] : active) {
     if (capture.id == id) return;  // begun through this tracker
   }
   // A capture nobody announced: its first allocation is how it shows.
-  discovered.emplace(id, detail::ActiveCapture{id, block.device, block.stream, block.pool,
+  discovered.emplace(id, detail::ActiveCapture{id, device, stream, pool,
                                                absl::StrCat("capture ", id), tick - 1, graph});
 }
 

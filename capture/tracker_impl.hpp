@@ -19,10 +19,12 @@
 #define CAPALLOC_CAPTURE_TRACKER_IMPL_HPP_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -69,10 +71,66 @@ class LogLock {
   std::atomic<bool> locked_{false};
 };
 
+// One allocator event as the log keeps it until drain_log: what the history
+// and the capture registry read of it, 96 bytes where BlockEvent is 136
+// (the log of a capture of 100,000 allocate+free pairs is 19 MB instead of
+// 29 MB, written during the capture). The last two words depend on the kind:
+// an allocation's stream and graph (its capture and position are the
+// block's), a free's capture and position at the free.
+//
+// Built in place in the log (emplace_back) from the event's fields one by
+// one, in an order that no two neighbours share with BlockEvent's: the
+// compiler then loads each field alone instead of two at a time, and a
+// wide load never spans two of the narrower stores that just built the
+// event on the allocator's stack (a failed store-to-load forward: perf).
 struct LoggedEvent {
-  BlockEvent event;
+  LoggedEvent(const BlockEvent& event, std::uint64_t at)
+      : tick(at),
+        ptr(event.block.ptr),
+        sequence(event.block.sequence),
+        size(event.block.size),
+        pool(event.block.pool),
+        tag_data(event.block.tag.data()),
+        block_capture(event.block.capture),
+        tag_size(static_cast<std::uint32_t>(event.block.tag.size())),
+        device(event.block.device),
+        block_capture_position(event.block.capture_position),
+        kind(event.kind),
+        lifetime(event.block.lifetime),
+        stream_or_capture(event.kind == BlockEvent::Kind::kAllocate ? event.block.stream
+                                                                     : event.capture),
+        graph_or_position(event.kind == BlockEvent::Kind::kAllocate ? event.capture_graph
+                                                                     : event.position) {}
+
+  BlockRef block() const {
+    BlockRef ref;
+    ref.sequence = sequence;
+    ref.tag = std::string_view(tag_data, tag_size);
+    ref.ptr = ptr;
+    ref.size = size;
+    ref.lifetime = lifetime;
+    ref.pool = pool;
+    ref.capture = block_capture;
+    ref.capture_position = block_capture_position;
+    return ref;
+  }
+
   std::uint64_t tick;
+  const void* ptr;
+  std::uint64_t sequence;
+  std::size_t size;
+  PoolHandle pool;
+  const char* tag_data;
+  CaptureId block_capture;
+  std::uint32_t tag_size;
+  std::int32_t device;
+  std::size_t block_capture_position;
+  BlockEvent::Kind kind;
+  Lifetime lifetime;
+  std::uint64_t stream_or_capture;  // kAllocate: the block's stream; kFree: the capture
+  std::uint64_t graph_or_position;  // kAllocate: the capture's graph; kFree: the position
 };
+static_assert(sizeof(LoggedEvent) == 96);
 
 // A finding's identity for reporting: one per (graph, victim, harm).
 struct FindingKey {
@@ -215,8 +273,8 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   std::vector<Finding> finish_discovered();
   // Registers capture `id`, met in an allocation event, as discovered unless
   // this tracker began it.
-  void note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick,
-                    std::uintptr_t graph);
+  void note_capture(CaptureId id, int device, StreamHandle stream, PoolHandle pool,
+                    std::uint64_t tick, std::uintptr_t graph);
 
   static constexpr std::size_t kChainLinks = 16;
 };
