@@ -243,14 +243,28 @@ void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureI
   listener->on_block_event(event);
 }
 
-// Built in place, one store per field (info_of too): a BlockInfo built
-// apart and copied into a zeroed event made the copy's wide loads wait for
-// its narrow stores (store-to-load forwarding failed; perf, part 1 of
-// capalloc_bench_capture), which cost more than the instructions did.
-BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& block, CaptureId capture,
+// Built in place, every member named once: no BlockInfo is built apart and
+// copied in (GCC did not elide that copy, whose wide loads then spanned the
+// narrow stores that had just built it, a failed store-to-load forward on
+// every event; perf, part 1 of capalloc_bench_capture), and no member falls
+// back to its default initializer (which made GCC zero the whole event with
+// a rep stos first).
+BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& b, CaptureId capture,
                                      std::size_t position, std::uintptr_t graph) const {
+  const detail::Segment& segment = *b.segment;
   return BlockEvent{.kind = kind,
-                    .block = info_of(block),
+                    .block = {.ptr = b.ptr(),
+                              .size = b.size,
+                              .requested = b.requested,
+                              .device = segment.device,
+                              .stream = segment.stream,
+                              .state = b.state,
+                              .lifetime = b.lifetime,
+                              .tag = detail::interned(b.tag_id),
+                              .sequence = b.sequence,
+                              .pool = segment.pool->handle(),
+                              .capture = b.capture,
+                              .capture_position = b.capture_position},
                     .capture = capture,
                     .position = position,
                     .capture_graph = graph};

@@ -231,7 +231,6 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   void process_pending();
   void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
               std::size_t position, std::uintptr_t graph);
-  // Inline: every event of a capture describes its block.
   BlockInfo info_of(const detail::Block& b) const {
     const detail::Segment& segment = *b.segment;
     return BlockInfo{.ptr = b.ptr(),
@@ -247,6 +246,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                      .capture = b.capture,
                      .capture_position = b.capture_position};
   }
+  // The event the listener hears of `block` (allocator.cpp: every member
+  // named once, see there).
   BlockEvent event_of(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
                       std::size_t position, std::uintptr_t graph) const;
   AllocatorStats device_stats(int device) const;
