@@ -230,6 +230,10 @@ bool HostRuntime::any_capture_active(int device) const {
 }
 
 void HostRuntime::publish(const CaptureState& capture) {
+  // An ended capture's streams were published outside it by end_capture;
+  // nothing changes them back (every caller passes a capture not yet ended,
+  // which this checks rather than assumes).
+  if (!captures_.contains(capture.id)) return;
   const std::size_t position = capture.nodes.ops.size();
   for (const auto& [member, progress] : capture.members) {
     published_.publish_member(member, capture.status, capture.id, position);
