@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
+#include "allocator/listener_lock.hpp"
+#include "allocator/trace_hooks.hpp"
 #include "common/format.hpp"
 #include "common/log.hpp"
 
@@ -574,6 +576,11 @@ absl::Status Allocator::set_capture_listener(CaptureListener* listener) {
   }
   impl_->listener = listener;
   return absl::OkStatus();
+}
+
+void detail::with_listener_lock(const Allocator& a, absl::FunctionRef<void()> fn) {
+  std::lock_guard lock(detail::AllocatorAccess::impl(a).mu);
+  fn();
 }
 
 }  // namespace capalloc

@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/listener_lock.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "common/log.hpp"
 
@@ -58,16 +59,14 @@ void CaptureTracker::Impl::maybe_prune_history() {
   });
 }
 
+// Both run with the allocator's lock held, which guards the log, the ticks
+// and graphs_gone (allocator/listener_lock.hpp).
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
-  std::lock_guard lock(log_mu);
   log.emplace_back(event, ++ticks);
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
-  {
-    std::lock_guard lock(log_mu);
-    graphs_gone.push_back(capture);
-  }
+  graphs_gone.push_back(capture);
   std::lock_guard pins_lock(pins_mu);
   gone_pins.insert(detail::kDiscoveredGraph | capture);
 }
@@ -135,11 +134,10 @@ void CaptureTracker::Impl::drain_log() {
   // Two buffers trade places, so that neither is reallocated (and its
   // pages faulted in again) once both have grown to a capture's size.
   std::vector<CaptureId> gone;
-  {
-    std::lock_guard lock(log_mu);
+  detail::with_listener_lock(*allocator, [&] {
     draining.swap(log);
     gone.swap(graphs_gone);
-  }
+  });
   work.blocks += draining.size();
   // A block allocated and freed within the batch (a capture's transient)
   // never enters the history's live indexes: allocations are noted outside

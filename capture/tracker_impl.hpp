@@ -5,9 +5,11 @@
 // Locking: `mu` guards the registry, the history, the records and the write
 // index, and may be held while calling the allocator or the runtime. The
 // allocator calls the listener with its own lock held, so the listener only
-// appends to `log` under `log_mu`, which is never held while calling out:
-// lock order mu -> allocator -> log_mu, with no cycle. The log is drained
-// into the history whenever the tracker needs it.
+// appends to `log`, which the allocator's lock guards: the tracker reads it
+// (and takes a capture's begin tick) under that lock, lent through
+// detail::with_listener_lock (allocator/listener_lock.hpp). Lock order mu ->
+// allocator, with no cycle. The log is drained into the history whenever
+// the tracker needs it.
 //
 // Per capture the tracker holds: the graph pool (a reference for the graph,
 // released by destroy_graph), the capture's begin tick, and the sequences of
@@ -25,7 +27,6 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -51,24 +52,6 @@ struct ActiveCapture {
   std::string label;
   std::uint64_t begin_tick = 0;
   std::uintptr_t graph = 0;  // CaptureInfo::graph of a discovered capture (0: unknown)
-};
-
-// Guards the event log: critical sections of a few instructions (an
-// append, a swap of two vectors), one per allocation event of a capture.
-// An uncontended std::mutex costs about 50 instructions per lock and unlock
-// there; this costs an exchange and a store. Contention (a drain while the
-// allocator appends) yields.
-class LogLock {
- public:
-  void lock() {
-    while (locked_.exchange(true, std::memory_order_acquire)) {
-      while (locked_.load(std::memory_order_relaxed)) std::this_thread::yield();
-    }
-  }
-  void unlock() { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
 };
 
 // One allocator event as the log keeps it until drain_log: what the history
@@ -158,18 +141,17 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   std::atomic<bool> strict{false};
   std::atomic<bool> strict_possible{false};
 
-  detail::LogLock log_mu;
-  // Orders the allocator's events and the captures' starts. Guarded by
-  // log_mu: an event takes its tick as it is appended, so the log is in tick
-  // order, and costs no atomic operation of its own (an event during a
-  // capture is on the allocation path).
+  // Orders the allocator's events and the captures' starts. Guarded by the
+  // allocator's lock: an event takes its tick as it is appended, so the log
+  // is in tick order, and an event during a capture (on the allocation
+  // path) takes no lock or atomic operation of its own.
   std::uint64_t ticks = 0;
-  std::vector<detail::LoggedEvent> log;       // guarded by log_mu
+  std::vector<detail::LoggedEvent> log;       // guarded by the allocator's lock
   std::vector<detail::LoggedEvent> draining;  // guarded by mu
   // The history indexes of the blocks the batch drain_log is noting
   // allocated (kept for its capacity). Guarded by mu.
   std::vector<std::size_t> noted_in_batch;
-  std::vector<CaptureId> graphs_gone;         // guarded by log_mu
+  std::vector<CaptureId> graphs_gone;         // guarded by the allocator's lock
 
   mutable std::mutex mu;
   absl::flat_hash_map<StreamHandle, detail::ActiveCapture> active;  // by origin stream
