@@ -20,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
 #include "allocator/listener_lock.hpp"
+#include "allocator/steady_state.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "common/format.hpp"
 #include "common/log.hpp"
@@ -59,75 +60,6 @@ Allocator::Impl::~Impl() {
     state.graph_pools.clear();
     state.default_pool.reset();
   }
-}
-
-// Inline into allocate_cached and Impl::allocate, its two callers here: it
-// is most of the steady-state allocation.
-[[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached_locked(
-    std::size_t bytes, std::size_t rounded, int device, StreamHandle stream) {
-  if ((stream != kDefaultStream && stream != last_known_stream) || !pending.empty() ||
-      !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
-      gone_streams->any.load(std::memory_order_acquire)) {
-    return nullptr;
-  }
-  // The quick cache first, then the free index (a miss here is cheaper
-  // than the general path's: no second capture check, no second lock).
-  Pool& pool = *devices[device].default_pool;
-  Block* block = pool.take_cached(stream, rounded, bytes);
-  if (block == nullptr) block = pool.take_indexed(stream, rounded, bytes);
-  if (block == nullptr) return nullptr;
-  // The per-allocation fields were reset when the block was freed (or
-  // made by a split), whether it was cached or filed in the index.
-  block->sequence = next_sequence++;
-  if (observer != nullptr) observer->on_allocate(*block);
-  live.insert(block->addr, block);
-  return reinterpret_cast<void*>(block->addr);
-}
-
-void* Allocator::Impl::allocate_cached(std::size_t bytes, int device, StreamHandle stream) {
-  if (bytes - 1 >= detail::QuickCache::kMaxCachedGranules << policy.granule_shift ||
-      static_cast<std::size_t>(device) >= devices.size()) {
-    return nullptr;  // 0, more than a cached block serves, or no such device
-  }
-  if (runtime->any_capture_active(device)) {
-    auto info = runtime->capture_info(stream);
-    if (!info.ok() || info->status != CaptureStatus::kNone) return nullptr;
-  }
-  const std::size_t rounded = (bytes + policy.granularity - 1) & ~(policy.granularity - 1);
-  std::lock_guard lock(mu);
-  return allocate_cached_locked(bytes, rounded, device, stream);
-}
-
-// Inline into free_cached and Impl::deallocate, its two callers here.
-[[gnu::always_inline]] inline bool Allocator::Impl::free_cached_locked(std::size_t slot,
-                                                                      int device) {
-  Block* block = live.block_at(slot);
-  const detail::Segment& segment = *block->segment;
-  Pool& pool = *segment.pool;
-  if ((device != kAnyDevice && device != segment.device) || block->owner_id != 0 ||
-      block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
-      (listener != nullptr && devices[segment.device].routes > 0) || !pool.caches_freed(*block) ||
-      (segment.stream != kDefaultStream && segment.stream != last_known_stream &&
-       !known_streams.contains(segment.stream))) {
-    return false;
-  }
-  live.erase_slot(slot);
-  const std::uint64_t sequence = block->sequence;
-  pool.cache_freed(block);
-  if (observer != nullptr) observer->on_free(sequence);
-  return true;
-}
-
-bool Allocator::Impl::free_cached(void* ptr, int device) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (addr == 0) return false;  // 0 marks an empty slot of the table
-  std::lock_guard lock(mu);
-  if (gone_graphs->any.load(std::memory_order_acquire) ||
-      gone_streams->any.load(std::memory_order_acquire)) {
-    return false;
-  }
-  const std::size_t slot = live.find_slot(addr);
-  return slot != detail::BlockTable::kNoSlot && free_cached_locked(slot, device);
 }
 
 absl::Status Allocator::Impl::check_device(int device) const {

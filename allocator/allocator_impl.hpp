@@ -163,11 +163,13 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // already (the torch entry points), so the steady-state path is skipped.
   absl::StatusOr<void*> allocate(std::size_t bytes, int device, StreamHandle stream,
                                  const AllocOptions& request, bool cache_tried);
-  // The free of a block that the quick cache of the device's default pool
-  // takes (allocator.cpp; allocate() has the matching allocation path in
-  // line), when none of the conditions the general path handles holds
-  // (capture blocks, blocks used on other streams, owned blocks, a
-  // listener that must hear of the free, reports from other threads).
+  // steady_state.hpp (inline; include it where these are called).
+  // The free of a block of a device's default pool (into its quick cache,
+  // or merged into its free index when the cache holds its share or the
+  // block is too large for it), when none of the conditions the general
+  // path handles holds (capture blocks, blocks used on other streams, owned
+  // blocks, a listener that must hear of the free, reports from other
+  // threads).
   // False: nothing changed; Impl::deallocate decides everything anew.
   // free_cached takes the lock (the torch entry points' way in);
   // free_cached_locked requires mu and the block's slot in the pointer

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
+#include "allocator/steady_state.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "c_api/c_api_support.hpp"
 #include "c_api/global.hpp"
@@ -431,9 +432,9 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
       capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) [[likely]] {
     // The allocator is known usable and no PyTorch pool begin is underway
     // (nothing to route): the steady-state path, straight into the
-    // allocator (no status to build). This function is only that, so that
-    // it costs a few instructions around the allocator's own; anything
-    // else is torch_malloc_general's.
+    // allocator (no status to build), inlined from steady_state.hpp so that
+    // this function and the path share one frame. This function is only
+    // that; anything else is torch_malloc_general's.
     void* out = nullptr;
     try {
       out = capalloc::detail::AllocatorAccess::impl(*known).allocate_cached(size, device,

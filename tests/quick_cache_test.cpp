@@ -178,7 +178,40 @@ TEST_CASE("quick cache: a request is served only by a class whose every block fi
     capalloc::detail::Block* got = cache.caches(want) ? cache.pop(want) : nullptr;
     if (got == nullptr) continue;
     CHECK(got->size >= want);
-    CHECK(got->size <= want + want / 8);  // the class above the request at most
+    CHECK(got->size <= want + want / 4);  // two classes above the request at most
     cache.push(got);
   }
+}
+
+TEST_CASE("quick cache: the class tables file every size where its requests look",
+          "[quick_cache]") {
+  // Exhaustive over every cached size in granules: a request of g granules
+  // pops from class fitting[g], else the class above it; every block size h
+  // filed in the first (class_of[h]) holds the request and is at most 1/8
+  // larger, every one in the second at most 1/4; the first is g's own class
+  // or the next; and requests of the largest classes' sizes find no class.
+  namespace qc = capalloc::detail::quick_classes;
+  const auto& t = qc::kTables;
+  CHECK(t.class_of[0] == qc::kBins);
+  CHECK(t.fitting[0] == qc::kBins);
+  int served = 0;
+  for (std::size_t g = 1; g < qc::kTableGranules; ++g) {
+    REQUIRE(t.class_of[g] < qc::kBins);
+    CHECK((t.fitting[g] == t.class_of[g] || t.fitting[g] == t.class_of[g] + 1));
+    if (t.fitting[g] >= qc::kBins) {
+      CHECK(g > capalloc::detail::QuickCache::kMaxCachedGranules);
+      continue;
+    }
+    ++served;
+    for (std::size_t h = 1; h < qc::kTableGranules; ++h) {
+      if (t.class_of[h] == t.fitting[g]) {
+        CHECK(h >= g);
+        CHECK(h <= g + g / 8 + 1);
+      } else if (t.class_of[h] == t.fitting[g] + 1) {
+        CHECK(h > g);
+        CHECK(h <= g + g / 4 + 1);
+      }
+    }
+  }
+  CHECK(static_cast<std::size_t>(served) == capalloc::detail::QuickCache::kMaxCachedGranules);
 }
