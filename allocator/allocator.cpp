@@ -13,14 +13,15 @@
 #include <bit>
 #include <limits>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
+#include "allocator/listener_lock.hpp"
 #include "allocator/steady_state.hpp"
+#include "allocator/trace_hooks.hpp"
 #include "common/format.hpp"
 #include "common/log.hpp"
 
@@ -172,30 +173,35 @@ absl::Status Allocator::Impl::refuse_persistent(int device, StreamHandle stream,
 void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureId capture,
                              std::size_t position, std::uintptr_t graph) {
   if (listener == nullptr) return;
-  BlockEvent event;
-  event.kind = kind;
-  event.block = info_of(block);
-  event.capture = capture;
-  event.position = position;
-  event.capture_graph = graph;
+  const BlockEvent event = event_of(kind, block, capture, position, graph);
   listener->on_block_event(event);
 }
 
-BlockInfo Allocator::Impl::info_of(const Block& b) const {
-  BlockInfo info;
-  info.ptr = b.ptr();
-  info.size = b.size;
-  info.requested = b.requested;
-  info.device = b.segment->device;
-  info.stream = b.segment->stream;
-  info.state = b.state;
-  info.lifetime = b.lifetime;
-  info.tag = detail::interned(b.tag_id);
-  info.sequence = b.sequence;
-  info.pool = b.segment->pool->handle();
-  info.capture = b.capture;
-  info.capture_position = b.capture_position;
-  return info;
+// Built in place, every member named once: no BlockInfo is built apart and
+// copied in (GCC did not elide that copy, whose wide loads then spanned the
+// narrow stores that had just built it, a failed store-to-load forward on
+// every event; perf, part 1 of capalloc_bench_capture), and no member falls
+// back to its default initializer (which made GCC zero the whole event with
+// a rep stos first).
+BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& b, CaptureId capture,
+                                     std::size_t position, std::uintptr_t graph) const {
+  const detail::Segment& segment = *b.segment;
+  return BlockEvent{.kind = kind,
+                    .block = {.ptr = b.ptr(),
+                              .size = b.size,
+                              .requested = b.requested,
+                              .device = segment.device,
+                              .stream = segment.stream,
+                              .state = b.state,
+                              .lifetime = b.lifetime,
+                              .tag = detail::interned(b.tag_id),
+                              .sequence = b.sequence,
+                              .pool = segment.pool->handle(),
+                              .capture = b.capture,
+                              .capture_position = b.capture_position},
+                    .capture = capture,
+                    .position = position,
+                    .capture_graph = graph};
 }
 
 AllocatorStats Allocator::Impl::device_stats(int device) const {
@@ -363,30 +369,46 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {
-  if (impl_->free_cached(ptr, device)) return absl::OkStatus();
-  return impl_->deallocate(ptr, device, std::nullopt);
+  return impl_->deallocate(ptr, device, /*as_owner=*/nullptr, /*try_cache=*/true);
 }
 
 absl::Status Allocator::deallocate_owned(void* ptr, std::string_view owner) {
-  return impl_->deallocate(ptr, kAnyDevice, owner);
+  return impl_->deallocate(ptr, kAnyDevice, &owner, /*try_cache=*/false);
 }
 
 absl::Status Allocator::Impl::deallocate(void* ptr, int device,
-                                         std::optional<std::string_view> as_owner) {
+                                         const std::string_view* as_owner,
+                                         bool try_cache) {
   Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard lock(m.mu);
-  m.apply_runtime_reports();
-  Block* block = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  // One lock and one pointer-table lookup for both paths: the steady state
+  // (free_cached_locked) when no report is waiting, else the general path
+  // with the block that lookup found. (Blocks born in captures take the
+  // general path, and used to pay the lock and the lookup twice.)
+  Block* block = nullptr;
+  std::size_t slot = detail::BlockTable::kNoSlot;  // free_block's, when known
+  if (m.gone_graphs->any.load(std::memory_order_acquire) ||
+      m.gone_streams->any.load(std::memory_order_acquire)) {
+    m.apply_runtime_reports();
+    block = m.live.find(addr);
+  } else {
+    slot = m.live.find_slot(addr);
+    if (slot != detail::BlockTable::kNoSlot) {
+      if (try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
+      block = m.live.block_at(slot);
+    }
+  }
   if (block == nullptr) return m.diagnose_unknown(ptr, "deallocate");
   const int owner = block->segment->device;
   if (device != kAnyDevice && device != owner) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "deallocate(%p): the block belongs to device %d, not device %d", ptr, owner, device));
   }
-  if (block->owner_id != 0 || as_owner.has_value()) {
+  if (block->owner_id != 0 || as_owner != nullptr) {
     const std::string_view block_owner = detail::interned(block->owner_id);
-    if (!as_owner.has_value()) {
+    if (as_owner == nullptr) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "deallocate(%p): the block has an owner and a plain free would leave the owner "
           "handing out a freed address; release it with %s",
@@ -403,24 +425,26 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // such blocks and must not take them for live after their memory is
   // reused), and every free while a capture is routed on the device, with
   // the capture position of the block's stream if that stream is capturing.
-  std::optional<BlockEvent> freed;
-  if (m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0)) {
-    freed.emplace();
-    freed->kind = BlockEvent::Kind::kFree;
-    freed->block = m.info_of(*block);  // before it may merge away
+  const bool tell = m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0);
+  CaptureInfo at_free;  // outside any capture unless the stream is capturing
+  if (tell) {
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
-      freed->capture = info->id;
-      freed->position = info->position;
-      freed->capture_graph = info->graph;
+      at_free = *info;
     }
   }
+  // Described before the free, which may merge the block away.
+  const BlockEvent freed =
+      tell ? m.event_of(BlockEvent::Kind::kFree, *block, at_free.id, at_free.position,
+                        at_free.graph)
+           : BlockEvent{};
   const std::uint64_t sequence = block->sequence;
-  if (absl::Status s = m.free_block(block); !s.ok()) return s;
+  // The table is unchanged since the lookup: free_block reuses its slot.
+  if (absl::Status s = m.free_block(block, slot); !s.ok()) return s;
   if (m.observer != nullptr) m.observer->on_free(sequence);
   // Told only once the free has happened: a free that failed (its block left
   // allocated) must not look like one to the tracker.
-  if (freed.has_value()) m.listener->on_block_event(*freed);
+  if (tell) m.listener->on_block_event(freed);
   return absl::OkStatus();
 }
 
@@ -484,6 +508,11 @@ absl::Status Allocator::set_capture_listener(CaptureListener* listener) {
   }
   impl_->listener = listener;
   return absl::OkStatus();
+}
+
+void detail::with_listener_lock(const Allocator& a, absl::FunctionRef<void()> fn) {
+  std::lock_guard lock(detail::AllocatorAccess::impl(a).mu);
+  fn();
 }
 
 }  // namespace capalloc

@@ -163,7 +163,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // already (the torch entry points), so the steady-state path is skipped.
   absl::StatusOr<void*> allocate(std::size_t bytes, int device, StreamHandle stream,
                                  const AllocOptions& request, bool cache_tried);
-  // steady_state.hpp (inline; include it where these three are called).
+  // steady_state.hpp (inline; include it where these are called).
   // The free of a block of a device's default pool (into its quick cache,
   // or merged into its free index when the cache holds its share or the
   // block is too large for it), when none of the conditions the general
@@ -171,7 +171,11 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // blocks, a listener that must hear of the free, reports from other
   // threads).
   // False: nothing changed; Impl::deallocate decides everything anew.
+  // free_cached takes the lock (the torch entry points' way in);
+  // free_cached_locked requires mu and the block's slot in the pointer
+  // table, with no runtime report waiting (Impl::deallocate's).
   bool free_cached(void* ptr, int device);
+  bool free_cached_locked(std::size_t slot, int device);
   // The steady-state allocation: a transient, untagged, ownerless request
   // on the default stream or the last stream used, outside captures, with
   // nothing pending, that the device's default pool serves from what it
@@ -192,7 +196,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                                                   std::size_t requested);
   absl::Status refuse_persistent(int device, StreamHandle stream, std::size_t bytes,
                                  std::string_view tag, const detail::CaptureContext& ctx);
-  absl::Status free_block(detail::Block* block);
+  // `slot`: the block's slot in the pointer table (unchanged since it was
+  // found), or BlockTable::kNoSlot to look it up again.
+  absl::Status free_block(detail::Block* block, std::size_t slot);
   // OK when `stream` is a stream of the runtime (checked the first time, then
   // remembered); else kInvalidArgument naming `call`. Requires mu. Inline:
   // the default stream and the last stream used cost a comparison or two.
@@ -214,14 +220,38 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // Forgets the streams the runtime reported destroyed: their record_stream
   // uses (their work has run) and their fully free segments. Requires mu.
   void apply_gone_streams();
-  // deallocate() and deallocate_owned() (with the owner's name).
-  absl::Status deallocate(void* ptr, int device, std::optional<std::string_view> as_owner);
+  // deallocate() (`as_owner` null) and deallocate_owned() (the owner's
+  // name; a pointer, not a std::optional passed by value, whose copy read
+  // eight bytes just after its one-byte flag was stored: a stalled
+  // store-to-load forward on every free); `try_cache`: the steady-state
+  // free first (deallocate(); not the torch entry points, which tried
+  // free_cached already).
+  absl::Status deallocate(void* ptr, int device, const std::string_view* as_owner,
+                          bool try_cache);
   absl::StatusOr<EventHandle> acquire_event(int device);
   absl::Status record_free_events(detail::Block* block);
   void process_pending();
   void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
               std::size_t position, std::uintptr_t graph);
-  BlockInfo info_of(const detail::Block& block) const;
+  BlockInfo info_of(const detail::Block& b) const {
+    const detail::Segment& segment = *b.segment;
+    return BlockInfo{.ptr = b.ptr(),
+                     .size = b.size,
+                     .requested = b.requested,
+                     .device = segment.device,
+                     .stream = segment.stream,
+                     .state = b.state,
+                     .lifetime = b.lifetime,
+                     .tag = detail::interned(b.tag_id),
+                     .sequence = b.sequence,
+                     .pool = segment.pool->handle(),
+                     .capture = b.capture,
+                     .capture_position = b.capture_position};
+  }
+  // The event the listener hears of `block` (allocator.cpp: every member
+  // named once, see there).
+  BlockEvent event_of(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
+                      std::size_t position, std::uintptr_t graph) const;
   AllocatorStats device_stats(int device) const;
 
   // graph_pools.cpp

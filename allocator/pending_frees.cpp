@@ -88,8 +88,15 @@ void Allocator::Impl::process_pending() {
   pending.erase(keep, pending.end());
 }
 
-absl::Status Allocator::Impl::free_block(Block* block) {
+absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
   Pool& pool = *block->segment->pool;
+  auto forget = [&] {
+    if (slot != detail::BlockTable::kNoSlot) {
+      live.erase_slot(slot);
+    } else {
+      live.erase(block->addr);
+    }
+  };
   const int device = block->segment->device;
   // A stream destroyed by another thread a moment ago, whose report the
   // allocator has not applied yet: the runtime no longer knows it, and its
@@ -111,7 +118,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
                             }),
              used.end());
   if (block->used_on.empty()) {
-    live.erase(block->addr);
+    forget();
     detail::Segment* segment = block->segment;
     // The common case: a small block of the default pool, of a stream that
     // lives on, goes to the quick cache for the next request of its size.
@@ -141,7 +148,7 @@ absl::Status Allocator::Impl::free_block(Block* block) {
     return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",
                                                   block->ptr(), std::string(s.message())));
   }
-  live.erase(block->addr);
+  forget();
   pool.mark_pending(block);
   return absl::OkStatus();
 }

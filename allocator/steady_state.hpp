@@ -1,5 +1,6 @@
 // allocator/steady_state.hpp: the steady-state allocation and free
-// (Allocator::Impl::allocate_cached, allocate_cached_locked, free_cached),
+// (Allocator::Impl::allocate_cached, allocate_cached_locked, free_cached,
+// free_cached_locked),
 // defined here, inline, for their callers: allocator.cpp (Allocator::allocate
 // and deallocate) and c_api.cpp (capalloc_torch_malloc and _free).
 //
@@ -63,16 +64,12 @@ namespace capalloc {
   return allocate_cached_locked(bytes, rounded, device, stream);
 }
 
-[[gnu::always_inline]] inline bool Allocator::Impl::free_cached(void* ptr, int device) {
-  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
-  if (addr == 0) return false;  // 0 marks an empty slot of the table
-  std::lock_guard lock(mu);
-  if (gone_graphs->any.load(std::memory_order_acquire) ||
-      gone_streams->any.load(std::memory_order_acquire)) {
-    return false;
-  }
-  const std::size_t slot = live.find_slot(addr);
-  if (slot == detail::BlockTable::kNoSlot) return false;
+// Inline into free_cached and Impl::deallocate (allocator.cpp), its two
+// callers: Impl::deallocate tries it under its own lock, with its own
+// pointer-table lookup, so that a block it declines (every capture block)
+// costs one lock and one lookup, not two of each.
+[[gnu::always_inline]] inline bool Allocator::Impl::free_cached_locked(std::size_t slot,
+                                                                      int device) {
   detail::Block* block = live.block_at(slot);
   const detail::Segment& segment = *block->segment;
   detail::Pool& pool = *segment.pool;
@@ -95,6 +92,18 @@ namespace capalloc {
   }
   if (observer != nullptr) observer->on_free(sequence);
   return true;
+}
+
+[[gnu::always_inline]] inline bool Allocator::Impl::free_cached(void* ptr, int device) {
+  const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  if (addr == 0) return false;  // 0 marks an empty slot of the table
+  std::lock_guard lock(mu);
+  if (gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const std::size_t slot = live.find_slot(addr);
+  return slot != detail::BlockTable::kNoSlot && free_cached_locked(slot, device);
 }
 
 }  // namespace capalloc

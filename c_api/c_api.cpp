@@ -158,8 +158,8 @@ capalloc::StreamHandle as_stream(void* stream) {
       known != nullptr
           ? report(capalloc::detail::guarded("capalloc", [&] {
               // free_cached declined: the general path, without trying it again.
-              return capalloc::detail::AllocatorAccess::impl(*known).deallocate(ptr, device,
-                                                                                std::nullopt);
+              return capalloc::detail::AllocatorAccess::impl(*known).deallocate(
+                  ptr, device, /*as_owner=*/nullptr, /*try_cache=*/false);
             }))
           : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
   if (status != CAPALLOC_OK) {

@@ -14,6 +14,7 @@
 #include "common/config.hpp"
 #include "common/log.hpp"
 #include "capalloc/capture.hpp"
+#include "allocator/listener_lock.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "capture/alias_rule.hpp"
 #include "capture/block_history.hpp"
@@ -100,10 +101,7 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
   }
   // Ticks order the allocator's events around the capture's start.
   std::uint64_t begin_tick = 0;
-  {
-    std::lock_guard log_lock(m.log_mu);
-    begin_tick = ++m.ticks;
-  }
+  detail::with_listener_lock(a, [&] { begin_tick = ++m.ticks; });
   auto id = m.runtime->begin_capture(stream, options.mode);
   if (!id.ok()) {
     a.release_graph_pool(pool).IgnoreError();

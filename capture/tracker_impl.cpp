@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/listener_lock.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "common/log.hpp"
 
@@ -58,16 +59,14 @@ void CaptureTracker::Impl::maybe_prune_history() {
   });
 }
 
+// Both run with the allocator's lock held, which guards the log, the ticks
+// and graphs_gone (allocator/listener_lock.hpp).
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
-  std::lock_guard lock(log_mu);
-  log.push_back({event, ++ticks});
+  log.emplace_back(event, ++ticks);
 }
 
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
-  {
-    std::lock_guard lock(log_mu);
-    graphs_gone.push_back(capture);
-  }
+  graphs_gone.push_back(capture);
   std::lock_guard pins_lock(pins_mu);
   gone_pins.insert(detail::kDiscoveredGraph | capture);
 }
@@ -135,11 +134,10 @@ void CaptureTracker::Impl::drain_log() {
   // Two buffers trade places, so that neither is reallocated (and its
   // pages faulted in again) once both have grown to a capture's size.
   std::vector<CaptureId> gone;
-  {
-    std::lock_guard lock(log_mu);
+  detail::with_listener_lock(*allocator, [&] {
     draining.swap(log);
     gone.swap(graphs_gone);
-  }
+  });
   work.blocks += draining.size();
   // A block allocated and freed within the batch (a capture's transient)
   // never enters the history's live indexes: allocations are noted outside
@@ -151,23 +149,23 @@ void CaptureTracker::Impl::drain_log() {
   std::uintptr_t run_graph = 0;
   std::vector<std::uint64_t>* run_allocated = nullptr;
   for (const detail::LoggedEvent& e : draining) {
-    const BlockRef ref = BlockRef::from(e.event.block);
-    if (e.event.kind == BlockEvent::Kind::kAllocate) {
-      const std::size_t noted = history.note_in_batch(e.event.block.device, ref, e.tick);
+    const BlockRef ref = e.block();
+    if (e.kind == BlockEvent::Kind::kAllocate) {
+      const std::size_t noted = history.note_in_batch(e.device, ref, e.tick);
       if (noted != detail::BlockHistory::kNotNew) noted_in_batch.push_back(noted);
       if (ref.capture != 0) {
         // note_capture again with the same capture and graph changes nothing.
-        if (ref.capture != run_capture || run_allocated == nullptr ||
-            e.event.capture_graph != run_graph) {
+        const std::uintptr_t graph = e.graph_or_position;
+        if (ref.capture != run_capture || run_allocated == nullptr || graph != run_graph) {
           run_capture = ref.capture;
-          run_graph = e.event.capture_graph;
+          run_graph = graph;
           run_allocated = &allocated_in[ref.capture];
-          note_capture(ref.capture, e.event.block, e.tick, e.event.capture_graph);
+          note_capture(ref.capture, e.device, e.stream_or_capture, e.pool, e.tick, graph);
         }
         run_allocated->push_back(ref.sequence);
       }
     } else {
-      history.freed(e.event.block.device, ref, e.tick, e.event.capture, e.event.position);
+      history.freed(e.device, ref, e.tick, e.stream_or_capture, e.graph_or_position);
     }
   }
   for (std::size_t noted : noted_in_batch) history.index_if_live(noted);
@@ -418,17 +416,18 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   return fresh;
 }
 
-void CaptureTracker::Impl::note_capture(CaptureId id, const BlockInfo& block, std::uint64_t tick,
+void CaptureTracker::Impl::note_capture(CaptureId id, int device, StreamHandle stream,
+                                        PoolHandle pool, std::uint64_t tick,
                                         std::uintptr_t graph) {
   if (auto it = discovered.find(id); it != discovered.end()) {
     if (it->second.graph == 0) it->second.graph = graph;
     return;
   }
-  for (const auto& [stream, capture] : active) {
+  for (const auto& [origin, capture] : active) {
     if (capture.id == id) return;  // begun through this tracker
   }
   // A capture nobody announced: its first allocation is how it shows.
-  discovered.emplace(id, detail::ActiveCapture{id, block.device, block.stream, block.pool,
+  discovered.emplace(id, detail::ActiveCapture{id, device, stream, pool,
                                                absl::StrCat("capture ", id), tick - 1, graph});
 }
 

@@ -61,8 +61,7 @@ std::size_t interned_count() {
   return t.names.size();
 }
 
-std::string_view interned(std::uint32_t id) {
-  if (id == 0) return {};
+std::string_view interned_nonzero(std::uint32_t id) {
   Table& t = table();
   std::lock_guard lock(t.mu);
   return t.names[id - 1];

@@ -27,8 +27,13 @@ inline constexpr std::string_view kInternedOverflow = "<capalloc: too many disti
 std::uint32_t intern_id(std::string_view s);
 // Strings interned so far (the placeholder included).
 std::size_t interned_count();
-// The string of an id from intern_id; empty for 0.
-std::string_view interned(std::uint32_t id);
+// The string of a nonzero id from intern_id.
+std::string_view interned_nonzero(std::uint32_t id);
+// The string of an id from intern_id; empty for 0 (most blocks are
+// untagged: that case costs a comparison, not a call and the table's lock).
+inline std::string_view interned(std::uint32_t id) {
+  return id == 0 ? std::string_view{} : interned_nonzero(id);
+}
 // A view of the interned copy of `s`.
 inline std::string_view intern(std::string_view s) { return interned(intern_id(s)); }
 

@@ -64,6 +64,7 @@ absl::Status HostRuntime::submit(StreamHandle stream, GraphNode node) {
     capture->nodes.ops.push_back(std::move(node));
     capture->nodes.depends_on.push_back(std::exchange(member.dependencies, {position}));
     ++member.own_nodes;
+    publish(*capture);
     return absl::OkStatus();
   }
   std::string label = graph_node_label(node);
@@ -132,6 +133,7 @@ absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, Captur
     capture->members[stream] = CaptureMember{};
     captures_.emplace(capture->id, capture);
     (*st)->capture = capture;
+    publish(*capture);
     active_captures_[(*st)->device].fetch_add(1, std::memory_order_release);
     return capture->id;
   });
@@ -156,7 +158,10 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
 
     // Whatever the outcome, the capture is over for all of its streams.
     for (const auto& [member, progress] : capture->members) {
-      if (auto it = streams_.find(member); it != streams_.end()) it->second->capture.reset();
+      if (auto it = streams_.find(member); it != streams_.end()) {
+        it->second->capture.reset();
+        published_.publish_outside(member);
+      }
     }
     captures_.erase(capture->id);
     active_captures_[(*st)->device].fetch_sub(1, std::memory_order_release);
@@ -224,25 +229,27 @@ bool HostRuntime::any_capture_active(int device) const {
   return active_captures_[device].load(std::memory_order_acquire) > 0;
 }
 
+void HostRuntime::publish(const CaptureState& capture) {
+  // An ended capture's streams were published outside it by end_capture;
+  // nothing changes them back (every caller passes a capture not yet ended,
+  // which this checks rather than assumes).
+  if (!captures_.contains(capture.id)) return;
+  const std::size_t position = capture.nodes.ops.size();
+  for (const auto& [member, progress] : capture.members) {
+    published_.publish_member(member, capture.status, capture.id, position);
+  }
+}
+
 absl::StatusOr<CaptureInfo> HostRuntime::capture_info(StreamHandle stream) {
   // The allocator asks this at every allocation and free during a capture:
-  // one lookup under the lock, without copying the stream's shared_ptr (or
-  // building a StatusOr of it) as find_stream does. Nothing here allocates
-  // or throws on success; the error path builds its message through
-  // find_stream.
-  {
-    std::lock_guard lock(mu_);
-    const auto it = streams_.find(stream);
-    if (it != streams_.end()) {
-      const CaptureState* capture = it->second->capture.get();
-      if (capture == nullptr) return CaptureInfo{};
-      return CaptureInfo{
-          .status = capture->status,
-          .id = capture->id,
-          .position = capture->nodes.ops.size(),
-          .graph = static_cast<std::uintptr_t>(capture->id)};
-    }
-  }
+  // the published state, without the lock (published_capture_states.hpp).
+  // A stream not published there (unknown, destroyed) is looked up under
+  // the lock, out of line so that this path saves no registers for it.
+  if (CaptureInfo info; published_.read(stream, info)) return info;
+  return capture_info_locked(stream);
+}
+
+absl::StatusOr<CaptureInfo> HostRuntime::capture_info_locked(StreamHandle stream) {
   return guarded("host runtime: capture_info", [&]() -> absl::StatusOr<CaptureInfo> {
     std::lock_guard lock(mu_);
     auto st = find_stream(stream, "capture_info");
@@ -265,6 +272,7 @@ absl::Status HostRuntime::invalidate(CaptureState& capture, std::string by,
     capture.status = CaptureStatus::kInvalidated;
     capture.invalidated_by = by;
     capture.invalidation_reason = std::string(reason);
+    publish(capture);
   }
   return absl::FailedPreconditionError(
       absl::StrFormat("%s is illegal during stream capture (%s); capture %d is invalidated and "
@@ -320,6 +328,7 @@ absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
       }
       member.own_nodes += nodes->size();
       capture->keep_alive.children.push_back(std::move(nodes));
+      publish(*capture);
       return absl::OkStatus();
     }
     auto order = replay_order(*nodes);

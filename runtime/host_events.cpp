@@ -185,6 +185,7 @@ absl::Status HostRuntime::stream_wait_event(StreamHandle stream, EventHandle eve
       event_capture->members[stream] = CaptureMember{
           .depends_on = (*ev)->capture_point, .dependencies = (*ev)->capture_dependencies};
       (*st)->capture = event_capture;
+      publish(*event_capture);
       return absl::OkStatus();
     }
 

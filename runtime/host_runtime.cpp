@@ -85,6 +85,7 @@ HostRuntime::HostRuntime(const HostRuntimeOptions& options)
       devices_(static_cast<std::size_t>(options.device_count)),
       active_captures_(new std::atomic<int>[static_cast<std::size_t>(options.device_count)]{}) {
   streams_.emplace(kDefaultStream, std::make_shared<StreamState>(0, "default stream"));
+  published_.publish_created(kDefaultStream);
 }
 
 HostRuntime::~HostRuntime() {
@@ -235,6 +236,7 @@ absl::StatusOr<StreamHandle> HostRuntime::create_stream(int device) {
     streams_.emplace(handle,
                      std::make_shared<StreamState>(device, absl::StrFormat("stream %d", handle)));
     ++next_stream_;
+    published_.publish_created(handle);
     return handle;
   });
 }
@@ -271,6 +273,7 @@ absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
       std::lock_guard lock(mu_);
       if (absl::Status s = lookup(); !s.ok()) return s;
       streams_.erase(stream);
+      published_.forget(stream);
     }
     state->worker.stop();  // whatever a racing caller queued after the drain
     stream_watchers_.destroyed(stream);

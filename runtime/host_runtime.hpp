@@ -7,13 +7,17 @@
 // stream, exists from construction), events, the captures in progress and the
 // executable graphs. Invariants:
 //   - every registry below is guarded by `mu_`; an event's generations by its
-//     own mutex; a stream's queue by its worker. Lock order: mu_, then an
+//     own mutex; a stream's queue by its worker. `published_` is written
+//     under `mu_` and read without it (capture_info); Lock order: mu_, then an
 //     event's or a worker's mutex. No caller blocks (drain, event wait) while
 //     holding mu_, and workers never take mu_, so a kernel body may call back
 //     into the runtime;
 //   - a stream is either outside any capture (its work is enqueued and runs)
 //     or a member of exactly one capture not yet ended (its work is appended
 //     to that capture's node list and does not run);
+//   - a stream published in `published_` is published as it is: every change
+//     to its capture membership, or to its capture's status or node count,
+//     is published before mu_ is released;
 //   - a graph's node list is immutable once end_capture has built it, and is
 //     shared with replays in flight, so destroy_graph never pulls it from
 //     under a worker;
@@ -42,6 +46,7 @@
 #include "absl/strings/str_format.h"
 #include "common/futex_mutex.hpp"
 #include "common/guarded.hpp"
+#include "runtime/published_capture_states.hpp"
 #include "runtime/stream_watchers.hpp"
 #include "runtime/stream_worker.hpp"
 #include "capalloc/runtime.hpp"
@@ -204,8 +209,8 @@ class HostRuntime final : public DeviceRuntime {
     absl::flat_hash_map<void*, std::size_t> requested_bytes;  // by segment base
   };
 
-  // check_device reads only constants and submit takes mu_ itself; every
-  // other helper requires mu_ held.
+  // check_device reads only constants, submit and capture_info_locked take
+  // mu_ themselves; every other helper requires mu_ held.
   absl::Status check_device(int device, std::string_view call) const;
   absl::StatusOr<std::shared_ptr<StreamState>> find_stream(StreamHandle stream,
                                                           std::string_view call) const;
@@ -227,15 +232,26 @@ class HostRuntime final : public DeviceRuntime {
                                                                    std::string_view call) const;
   // Records the node into the stream's capture, or enqueues it to run.
   absl::Status submit(StreamHandle stream, GraphNode node);
+  // capture_info for a stream not published in `published_`; takes mu_
+  // itself.
+  [[gnu::noinline]] absl::StatusOr<CaptureInfo> capture_info_locked(StreamHandle stream);
+  // Publishes what capture_info now answers for every member stream of the
+  // capture (its status and next position): after any change to either,
+  // and after a stream joins it.
+  void publish(const CaptureState& capture);
 
   const HostRuntimeOptions options_;
   const std::size_t page_bytes_;
 
-  // A futex mutex: the allocator asks capture_info at every allocation and
-  // free during a capture, and pthread's lock and unlock cost some 50
-  // instructions a pair more than one atomic operation each. Never waited
-  // on with a condition variable (no caller blocks holding it).
+  // A futex mutex: pthread's lock and unlock cost some 50 instructions a
+  // pair more than one atomic operation each. Never waited on with a
+  // condition variable (no caller blocks holding it). capture_info, which the
+  // allocator asks at every allocation and free during a capture, reads
+  // `published_` instead and takes it only for streams not published there.
   mutable FutexMutex mu_;
+  // Each stream's capture state as capture_info answers it, written under
+  // mu_ by every call that changes it, read without mu_.
+  PublishedCaptureStates published_;
   std::vector<DeviceSegments> devices_;
   absl::flat_hash_map<StreamHandle, std::shared_ptr<StreamState>> streams_;
   absl::flat_hash_map<EventHandle, std::shared_ptr<EventState>> events_;
