@@ -205,11 +205,23 @@ absl::Status Allocator::CheckInvariants() const {
           detail::state_name(block->state)));
     }
   }
+  std::vector<int> routes_by_device(m.devices.size(), 0);
   for (const auto& [id, route] : m.routes) {
     if (route.pool == nullptr || route.pool->route_refs <= 0) {
       return absl::InternalError(
           absl::StrFormat("capture %d routes to a pool without a reference", id));
     }
+    ++routes_by_device[static_cast<std::size_t>(route.device)];
+  }
+  for (std::size_t d = 0; d < m.devices.size(); ++d) {
+    if (m.devices[d].routes != routes_by_device[d]) {
+      return absl::InternalError(absl::StrFormat("device %d counts %d routes; %d route there", d,
+                                                 m.devices[d].routes, routes_by_device[d]));
+    }
+  }
+  if (m.routed_captures.load() != static_cast<int>(m.routes.size())) {
+    return absl::InternalError(absl::StrFormat("routed_captures is %d; there are %d routes",
+                                               m.routed_captures.load(), m.routes.size()));
   }
   return absl::OkStatus();
 }

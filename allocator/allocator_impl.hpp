@@ -119,6 +119,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   std::vector<detail::PendingEvent> pending;
   std::vector<detail::Block*> deferred;  // pending-free, events not yet recorded
   absl::flat_hash_map<CaptureId, detail::CaptureRoute> routes;
+  // The number of routes, on every device (the sum of DeviceState::routes),
+  // readable without mu: a hint for the torch entry points, whose frees
+  // during a routed capture mostly take the general path (capture blocks, a
+  // listener to tell), so that they go there at once and take the lock
+  // once. Changed with mu held; a stale read costs only the second lock.
+  std::atomic<int> routed_captures{0};
   // The route route_for found last (a watched one), so that the allocations
   // of one capture skip the hash lookup; drop_route clears it.
   CaptureId last_route_capture = 0;

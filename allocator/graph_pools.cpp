@@ -57,6 +57,7 @@ Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle str
   routes.emplace(capture,
                  detail::CaptureRoute{device, raw, stream, /*announced=*/false, /*watched=*/true});
   ++devices[device].routes;
+  routed_captures.fetch_add(1, std::memory_order_relaxed);
   detail::log().info("capture {} on device {} was not announced; its allocations go to private "
                      "graph pool {}",
                      capture, device, handle);
@@ -152,6 +153,7 @@ void Allocator::Impl::drop_route(CaptureId capture) {
   if (it == routes.end()) return;
   Pool* pool = it->second.pool;
   --devices[it->second.device].routes;
+  routed_captures.fetch_sub(1, std::memory_order_relaxed);
   routes.erase(it);
   --pool->route_refs;
   maybe_destroy_pool(pool);
@@ -334,6 +336,7 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
   ++(*pool)->route_refs;
   m.routes.emplace(capture, detail::CaptureRoute{device, *pool, kDefaultStream, true});
   ++m.devices[device].routes;
+  m.routed_captures.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

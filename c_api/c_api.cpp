@@ -153,13 +153,16 @@ capalloc::StreamHandle as_stream(void* stream) {
 
 // capalloc_torch_free's general path (free_cached declined, or the first
 // call), with errors reported and logged.
-[[gnu::noinline]] void torch_free_general(void* ptr, int device, capalloc::Allocator* known) {
+// `try_cache`: free_cached was not tried (a capture is routed, so the free
+// most likely needs the general path), and Impl::deallocate tries it under
+// its own lock.
+[[gnu::noinline]] void torch_free_general(void* ptr, int device, capalloc::Allocator* known,
+                                          bool try_cache) {
   const capalloc_status status =
       known != nullptr
           ? report(capalloc::detail::guarded("capalloc", [&] {
-              // free_cached declined: the general path, without trying it again.
               return capalloc::detail::AllocatorAccess::impl(*known).deallocate(
-                  ptr, device, /*as_owner=*/nullptr, /*try_cache=*/false);
+                  ptr, device, /*as_owner=*/nullptr, try_cache);
             }))
           : with_allocator([&](capalloc::Allocator& a) { return a.deallocate(ptr, device); });
   if (status != CAPALLOC_OK) {
@@ -456,9 +459,15 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   if (ptr == nullptr) return;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
   if (known != nullptr) [[likely]] {
+    auto& impl = capalloc::detail::AllocatorAccess::impl(*known);
+    // During a routed capture, one lock in the general path rather than a
+    // declined steady-state try and then the general path.
+    if (impl.routed_captures.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+      return torch_free_general(ptr, device, known, /*try_cache=*/true);
+    }
     bool freed = false;
     try {
-      freed = capalloc::detail::AllocatorAccess::impl(*known).free_cached(ptr, device);
+      freed = impl.free_cached(ptr, device);
     } catch (...) {
       freed = false;  // the general path says what went wrong
     }
@@ -467,7 +476,7 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
       return;
     }
   }
-  torch_free_general(ptr, device, known);
+  torch_free_general(ptr, device, known, /*try_cache=*/false);
 }
 
 }  // extern "C"
