@@ -24,8 +24,9 @@
 // freed block of a class is reused first and a merge can unlink a cached
 // neighbour in O(1). A block is filed under the class its size falls in; a
 // request pops from the lowest class whose every block fits it, else from
-// the class above that, so a hit hands out at most 1/4 more than asked
-// (kept inside the block, as a split keeps a remainder under one granule),
+// the class above that when none of its sizes is more than 1/4 larger, so a
+// hit hands out at most 1/4 more than the request rounded to the
+// granularity (kept inside the block, as a split keeps a remainder),
 // and serves sizes that differ by a few granules, as a steady state of
 // varying sizes asks. The second class: on small-block churn about half the
 // requests found the first one empty and paid the free index and a split
@@ -76,21 +77,32 @@ constexpr std::size_t fitting_class(std::size_t granules) {
 
 // class_of and fitting_class of every cached size, by granules: a load
 // instead of the bit arithmetic on the steady-state path (callgrind,
-// small-block churn: about 15 instructions an allocation and 10 a free).
-// 2 x 512 bytes. Entry 0 (no block or request has 0 granules) is kBins, no
-// class.
+// small-block churn: about 15 instructions an allocation and 10 a free);
+// and `second`, the class a request tries when its fitting class is empty:
+// the class above that, when every size filed there is at most 1/4 more
+// than the request, else none (below 16 granules, where each size has its
+// own class, the next size up is often more: 3 granules for 2). 3 x 512
+// bytes. Entry 0 (no block or request has 0 granules) is kBins, no class.
 inline constexpr std::size_t kTableGranules = std::size_t{1} << kFirstLevels;
 struct ClassTables {
   std::array<unsigned char, kTableGranules> class_of{};
   std::array<unsigned char, kTableGranules> fitting{};
+  std::array<unsigned char, kTableGranules> second{};
 };
 static_assert(kBins < 256, "classes fit the tables' bytes");
 constexpr ClassTables make_tables() {
   ClassTables t;
-  t.class_of[0] = t.fitting[0] = static_cast<unsigned char>(kBins);
+  // The largest size filed in each class (0: no size is).
+  std::array<std::size_t, kBins> largest{};
+  for (std::size_t g = 1; g < kTableGranules; ++g) largest[class_of(g)] = g;
+  t.class_of[0] = t.fitting[0] = t.second[0] = static_cast<unsigned char>(kBins);
   for (std::size_t g = 1; g < kTableGranules; ++g) {
     t.class_of[g] = static_cast<unsigned char>(class_of(g));
-    t.fitting[g] = static_cast<unsigned char>(fitting_class(g));
+    const std::size_t fit = fitting_class(g);
+    t.fitting[g] = static_cast<unsigned char>(fit);
+    const std::size_t above = fit + 1;
+    const bool usable = above < kBins && largest[above] != 0 && 4 * largest[above] <= 5 * g;
+    t.second[g] = static_cast<unsigned char>(usable ? above : kBins);
   }
   return t;
 }
@@ -117,15 +129,17 @@ class QuickCache {
   }
 
   // The most recently cached block of the lowest class whose blocks all
-  // hold `size` bytes, else of the class above it, unlinked; nullptr when
-  // both are empty or the size is beyond the cached classes.
+  // hold `size` bytes, else of the class above it when that class's blocks
+  // are all at most 1/4 larger than `size` (kTables.second), unlinked;
+  // nullptr when neither has one or the size is beyond the cached classes.
   Block* pop(std::size_t size) {
     const std::size_t granules = size >> granule_shift_;
     if (granules >= quick_classes::kTableGranules) return nullptr;
     const std::size_t i = quick_classes::kTables.fitting[granules];
     if (i >= kBins) return nullptr;
     if (Block* b = pop_head(i)) return b;
-    return i + 1 < kBins ? pop_head(i + 1) : nullptr;
+    const std::size_t j = quick_classes::kTables.second[granules];
+    return j < kBins ? pop_head(j) : nullptr;
   }
 
   // Files a free block. Precondition: caches(block->size), not filed anywhere.

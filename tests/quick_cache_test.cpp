@@ -186,32 +186,60 @@ TEST_CASE("quick cache: a request is served only by a class whose every block fi
 TEST_CASE("quick cache: the class tables file every size where its requests look",
           "[quick_cache]") {
   // Exhaustive over every cached size in granules: a request of g granules
-  // pops from class fitting[g], else the class above it; every block size h
-  // filed in the first (class_of[h]) holds the request and is at most 1/8
-  // larger, every one in the second at most 1/4; the first is g's own class
-  // or the next; and requests of the largest classes' sizes find no class.
+  // pops from class fitting[g], else from class second[g] when it has one;
+  // every block size h filed in the first (class_of[h]) holds the request
+  // and is at most 1/8 larger, every one in the second at most 1/4 (so, for
+  // 2 granules, whose class above holds only 3, there is no second class);
+  // the first is g's own class or the next; and requests of the largest
+  // classes' sizes find no class.
   namespace qc = capalloc::detail::quick_classes;
   const auto& t = qc::kTables;
   CHECK(t.class_of[0] == qc::kBins);
   CHECK(t.fitting[0] == qc::kBins);
+  CHECK(t.second[0] == qc::kBins);
+  CHECK(t.second[2] == qc::kBins);  // the review's case: 3 granules is +50%
   int served = 0;
+  int with_second = 0;
   for (std::size_t g = 1; g < qc::kTableGranules; ++g) {
     REQUIRE(t.class_of[g] < qc::kBins);
     CHECK((t.fitting[g] == t.class_of[g] || t.fitting[g] == t.class_of[g] + 1));
     if (t.fitting[g] >= qc::kBins) {
       CHECK(g > capalloc::detail::QuickCache::kMaxCachedGranules);
+      CHECK(t.second[g] == qc::kBins);
       continue;
     }
     ++served;
+    if (t.second[g] < qc::kBins) {
+      ++with_second;
+      CHECK(t.second[g] == t.fitting[g] + 1);
+    }
     for (std::size_t h = 1; h < qc::kTableGranules; ++h) {
       if (t.class_of[h] == t.fitting[g]) {
         CHECK(h >= g);
-        CHECK(h <= g + g / 8 + 1);
-      } else if (t.class_of[h] == t.fitting[g] + 1) {
+        CHECK(8 * h <= 9 * g);
+      } else if (t.second[g] < qc::kBins && t.class_of[h] == t.second[g]) {
         CHECK(h > g);
-        CHECK(h <= g + g / 4 + 1);
+        CHECK(4 * h <= 5 * g);
       }
     }
   }
   CHECK(static_cast<std::size_t>(served) == capalloc::detail::QuickCache::kMaxCachedGranules);
+  CHECK(with_second > 400);  // the second try exists for most sizes
+}
+
+TEST_CASE("quick cache: a request never gets a block more than 1/4 larger",
+          "[quick_cache]") {
+  // The review's case through the cache itself: only a 3-granule block
+  // cached, a 2-granule request must not take it; a 5-granule one may
+  // serve 4 granules (exactly 1/4 more).
+  capalloc::detail::QuickCache cache(9);
+  capalloc::detail::Block three;
+  three.size = 3 * 512;
+  cache.push(&three);
+  CHECK(cache.pop(2 * 512) == nullptr);
+  CHECK(cache.pop(3 * 512) == &three);
+  capalloc::detail::Block five;
+  five.size = 5 * 512;
+  cache.push(&five);
+  CHECK(cache.pop(4 * 512) == &five);
 }
