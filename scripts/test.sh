@@ -132,12 +132,13 @@ asan_suite() {
 }
 step "ASan+UBSan suite" asan_suite
 
-# TSan: the programs that run threads (the host runtime's stream workers, the
-# allocator from many threads, the C ABI's thread-local errors, the
-# reliability cases that race queued kernels, the release queue's progress
-# thread) and the stress driver.
-tsan_targets="runtime_host_test allocator_test c_api_test reliability_test release_test stress_driver_test capalloc_cli"
+# TSan: the programs that run threads (the host runtime's stream workers and
+# its lock-free capture states, the allocator from many threads, the C ABI's
+# thread-local errors, the reliability cases that race queued kernels, the
+# release queue's progress thread, the tracker's event log drained while
+# another thread allocates in a capture) and the stress driver.
+tsan_targets="runtime_host_test allocator_test c_api_test reliability_test release_test capture_tracker_test stress_driver_test capalloc_cli"
 step "TSan concurrency and stress" build_and_test tsan build-tsan "$tsan_targets" \
-  -R '^((runtime_host_test|allocator_test|c_api_test|reliability_test|release_test|stress_driver_test):|stress_)'
+  -R '^((runtime_host_test|allocator_test|c_api_test|reliability_test|release_test|capture_tracker_test|stress_driver_test):|stress_)'
 
 step "fuzz the C ABI (60 s)" bash scripts/fuzz.sh --seconds 60
