@@ -8,15 +8,15 @@
 // that size left costs a few dozen. tcmalloc's and mimalloc's free lists
 // rest on the same observation.
 //
-// What it costs in memory: little at peak (see Pool::caches_freed for the cap). A cached block is free (counted
-// in the pool's free blocks and bytes) but not merged with its free
-// neighbours, so it serves only its own size. When the FreeIndex cannot
-// serve a request, the Pool drains the cache of that (stream, class) into
-// the index (merging each block) and tries again before the Allocator
-// reserves a new segment; anything that gives segments back drains every
-// cache first. So no segment is ever reserved while cached blocks could
-// have served the request, and a drain costs one merge per cached block,
-// once: amortized O(1) per free.
+// What it costs in memory: little at peak (see Pool::caches_freed for the
+// cap). A cached block is free (counted in the pool's free blocks and bytes)
+// but not merged with its free neighbours, so it serves only its own size.
+// When the FreeIndex cannot serve a request, the Pool drains the cache of
+// that (stream, class) into the index (merging each block) and tries again
+// before the Allocator reserves a new segment; anything that gives segments
+// back drains every cache first. So no segment is ever reserved while cached
+// blocks could have served the request, and a drain costs one merge per
+// cached block, once: amortized O(1) per free.
 //
 // Layout: the TLSF index's size classes (16 per power of two, exact below
 // 16 granules), one intrusive LIFO list each (Block::free_prev/free_next,
@@ -117,8 +117,8 @@ class QuickCache {
   static constexpr unsigned kFirstLevels = quick_classes::kFirstLevels;
   static constexpr std::size_t kBins = quick_classes::kBins;
   // The largest request a cached block can serve, in granules.
-  static constexpr std::size_t kMaxCachedGranules = (std::size_t{1} << kFirstLevels) -
-                                                    (std::size_t{1} << (kFirstLevels - 1 - kSecondLevelBits));
+  static constexpr std::size_t kMaxCachedGranules =
+      (std::size_t{1} << kFirstLevels) - (std::size_t{1} << (kFirstLevels - 1 - kSecondLevelBits));
 
   explicit QuickCache(unsigned granule_shift) : granule_shift_(granule_shift) {}
 
