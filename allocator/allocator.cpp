@@ -177,28 +177,16 @@ void Allocator::Impl::notify(BlockEvent::Kind kind, const Block& block, CaptureI
   listener->on_block_event(event);
 }
 
-// Built in place, every member named once: no BlockInfo is built apart and
-// copied in (GCC did not elide that copy, whose wide loads then spanned the
-// narrow stores that had just built it, a failed store-to-load forward on
-// every event; perf, part 1 of capalloc_bench_capture), and no member falls
-// back to its default initializer (which made GCC zero the whole event with
-// a rep stos first).
+// Built in place: info_of's prvalue initializes `block` directly (no
+// BlockInfo built apart and copied in, whose wide loads spanned the narrow
+// stores that had just built it: a failed store-to-load forward on every
+// event, perf on part 1 of capalloc_bench_capture), and every member is
+// named (one left to its default initializer made GCC zero the whole event
+// with a rep stos first).
 BlockEvent Allocator::Impl::event_of(BlockEvent::Kind kind, const Block& b, CaptureId capture,
                                      std::size_t position, std::uintptr_t graph) const {
-  const detail::Segment& segment = *b.segment;
   return BlockEvent{.kind = kind,
-                    .block = {.ptr = b.ptr(),
-                              .size = b.size,
-                              .requested = b.requested,
-                              .device = segment.device,
-                              .stream = segment.stream,
-                              .state = b.state,
-                              .lifetime = b.lifetime,
-                              .tag = detail::interned(b.tag_id),
-                              .sequence = b.sequence,
-                              .pool = segment.pool->handle(),
-                              .capture = b.capture,
-                              .capture_position = b.capture_position},
+                    .block = info_of(b),
                     .capture = capture,
                     .position = position,
                     .capture_graph = graph};
