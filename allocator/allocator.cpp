@@ -2,13 +2,12 @@
 // that wait on other streams are in pending_frees.cpp); see
 // allocator_impl.hpp for the state and its invariants.
 //
-// Hot path cost (steady state, no capture, no pending frees): allocate = one
-// virtual any_capture_active (an atomic load on the host runtime), the lock,
-// one hash lookup for the stream's free index, FreeIndex::find (two bit
-// scans), at most one split, one hash insert; deallocate = the lock, one hash
-// find+erase, at most two merges, one FreeIndex::insert. No heap allocation
-// once the block arena and the pointer table have grown to the working set,
-// and no listener call, log line or capture bookkeeping outside captures.
+// The steady-state allocation and free (no capture, nothing pending) are
+// in steady_state.hpp, inline for their callers here and in c_api.cpp: the
+// lock once, a quick-cache pop or push (else the free index with a split or
+// merges), one pointer-table insert or find+erase. No heap allocation once
+// the block arena and the pointer table have grown to the working set, and
+// no listener call, log line or capture bookkeeping outside captures.
 #include <algorithm>
 #include <bit>
 #include <limits>
