@@ -163,6 +163,15 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
   if (!pool->is_graph_pool() || pool->referenced() || pool->blocks_in_use() > 0) return;
   const int device = pool->device();
   const PoolHandle handle = pool->handle();
+  // Not while a capture is routed on the device: a graph launched into it
+  // may write this pool's memory, and the capture's record, which keeps
+  // such memory mapped (graph_uses), exists only once it ends. Freeing
+  // device memory during a capture is illegal on CUDA besides. The pool
+  // waits, fully free, for release_free_segments (empty_cache).
+  if (devices[device].routes > 0 && !pool->segments().empty()) {
+    pool->kept_for_segments = true;
+    return;
+  }
   if (absl::Status s = release_segments(device, *pool); !s.ok()) {
     detail::log().error("releasing graph pool {}: {}", handle, s.ToString());
   }
@@ -306,13 +315,24 @@ absl::Status Allocator::hold_graph_pool(PoolHandle handle, CaptureId capture) {
 absl::Status Allocator::drop_graph_pool_hold(PoolHandle handle, CaptureId capture) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
+  m.apply_gone_graphs();
   auto pool = m.find_graph_pool(handle);
   if (!pool.ok()) return pool.status();
-  if ((*pool)->graph_holds.erase(capture) == 0) {
+  if (!(*pool)->graph_holds.contains(capture)) {
     return absl::NotFoundError(absl::StrFormat(
         "drop_graph_pool_hold: the graph of capture %d holds no reference on graph pool %d",
         capture, handle));
   }
+  // A graph destroyed by its handle may live on: launched into a capture,
+  // its nodes are part of that capture's graph, and a replay in flight still
+  // runs them. Where the runtime watches the graph and has not reported it
+  // gone, the reference goes when it does (apply_gone_graphs).
+  if (auto watched = m.watched_graphs.find(capture);
+      watched != m.watched_graphs.end() && watched->second.pool == handle) {
+    watched->second.holds_pool_ref = true;
+    return absl::OkStatus();
+  }
+  (*pool)->graph_holds.erase(capture);
   m.maybe_destroy_pool(*pool);
   return absl::OkStatus();
 }

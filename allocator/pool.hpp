@@ -102,14 +102,18 @@ class Pool {
   //    given up by release_graph_pool);
   //  - route_refs: capture routes allocating into the pool;
   //  - graph_holds: graphs that may replay into the pool, by capture id (a
-  //    tracker's hold_graph_pool, or a discovered capture's unknown graph).
+  //    tracker's hold_graph_pool, or a discovered capture's unknown graph);
+  //    where the runtime watches a graph, its hold goes only once the runtime
+  //    reports it gone, which may be after its handle is destroyed (its
+  //    nodes live on in a graph it was launched into).
   int handle_refs = 0;
   int route_refs = 0;
   absl::flat_hash_set<CaptureId> graph_holds;
   bool referenced() const { return handle_refs > 0 || route_refs > 0 || !graph_holds.empty(); }
   // Set when the pool had no reference and no block left but could not go,
   // for segments it could not give back yet: memory a live graph's record
-  // names, or a segment the runtime failed to release. Whoever releases
+  // names, a segment the runtime failed to release, or any segment while a
+  // capture is routed on the device (maybe_destroy_pool). Whoever releases
   // them (empty_cache, the allocator's destructor) destroys the pool.
   bool kept_for_segments = false;
 

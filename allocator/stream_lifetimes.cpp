@@ -15,6 +15,7 @@
 // never be reused), with their free indexes.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "allocator/allocator_impl.hpp"
@@ -79,12 +80,16 @@ void Allocator::Impl::apply_gone_streams() {
   deferred.erase(keep, deferred.end());
   for (int d = 0; d < static_cast<int>(devices.size()); ++d) {
     if (!events_allowed(d)) continue;  // a capture is routed: no release now
+    std::vector<detail::Pool*> unreferenced;
+    for (auto& [handle, pool] : devices[d].graph_pools) {
+      if (!pool->referenced()) unreferenced.push_back(pool.get());
+    }
     for (StreamHandle stream : streams) {
       release_segments(d, *devices[d].default_pool, stream).IgnoreError();
-      for (auto& [handle, pool] : devices[d].graph_pools) {
-        if (!pool->referenced()) release_segments(d, *pool, stream).IgnoreError();
-      }
+      for (detail::Pool* pool : unreferenced) release_segments(d, *pool, stream).IgnoreError();
     }
+    // A pool kept only for its segments goes with the last of them.
+    for (detail::Pool* pool : unreferenced) maybe_destroy_pool(pool);
   }
 }
 

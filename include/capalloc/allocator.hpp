@@ -269,7 +269,11 @@ class CAPALLOC_API Allocator {
   // is destroyed). One per capture: kAlreadyExists for a second; the pool
   // must still have a handle reference (kFailedPrecondition otherwise).
   // drop_graph_pool_hold gives it up: kNotFound, changing nothing, when the
-  // capture holds none.
+  // capture holds none. Where the runtime watches the capture's graph
+  // (DeviceRuntime::watch_capture_graph) and has not reported it gone, the
+  // reference stays until it does: a graph launched into another capture
+  // lives on in that capture's graph after its own handle is destroyed, and
+  // its replays still write the pool.
   absl::Status hold_graph_pool(PoolHandle pool, CaptureId capture);
   absl::Status drop_graph_pool_hold(PoolHandle pool, CaptureId capture);
   // From now on, allocations on streams in capture `capture` (on `device`)

@@ -145,6 +145,7 @@ void op_capture_scenario(FuzzedDataProvider& in, State& st) {
   const capalloc_status r = CALL(Expect::kAny, capalloc_capture_end(s, &graph, &json));
   st.capturing.erase(s);
   if (r != CAPALLOC_OK) return;
+  tracef("  graph %llu", static_cast<unsigned long long>(graph));
   add_graph(st, graph);
   require_json(json, "capalloc_capture_end", true);
   if (in.ConsumeBool()) CALL(Expect::kAny, capalloc_graph_replay(graph, pick_live_stream(in, st)));

@@ -175,6 +175,7 @@ void op_capture_end(FuzzedDataProvider& in, State& st) {
     // the teardown) says if it did not.
     st.capturing.erase(it);
     if (r == CAPALLOC_OK) {
+      tracef("  graph %llu", static_cast<unsigned long long>(graph));
       add_graph(st, graph);
       if (want_json) require_json(json, "capalloc_capture_end", true);
     }
@@ -200,6 +201,7 @@ void op_graph(FuzzedDataProvider& in, State& st) {
       if (st.graphs.empty()) return;
       const std::uint64_t g = st.graphs[in.ConsumeIntegralInRange<std::size_t>(0, st.graphs.size() - 1)];
       void* s = pick_live_stream(in, st);
+      tracef("replay graph %llu on stream %p", static_cast<unsigned long long>(g), s);
       CALL(Expect::kAny, capalloc_graph_replay(g, s));
       return;
     }
@@ -207,6 +209,7 @@ void op_graph(FuzzedDataProvider& in, State& st) {
       if (st.graphs.empty()) return;
       const std::size_t i = in.ConsumeIntegralInRange<std::size_t>(0, st.graphs.size() - 1);
       const std::uint64_t g = st.graphs[i];
+      tracef("destroy graph %llu", static_cast<unsigned long long>(g));
       if (CALL(Expect::kAny, capalloc_graph_destroy(g)) == CAPALLOC_OK) {
         st.graphs.erase(st.graphs.begin() + static_cast<std::ptrdiff_t>(i));
         st.dead_graphs.push_back(g);
