@@ -38,6 +38,23 @@ std::string summaries(const std::vector<Finding>& findings) {
 
 constexpr AllocOptions kPersistentWs{.lifetime = Lifetime::kPersistent, .tag = "ws"};
 
+// A graph captured into a private pool that fills a block it allocated,
+// the block then freed: the pool holds only free memory the graph writes.
+struct PrivateGraph {
+  GraphHandle graph = 0;
+  PoolHandle pool = kDefaultPool;
+};
+PrivateGraph capture_private_graph(World& w) {
+  float* b = nullptr;
+  const CaptureResult g = w.capture(kDefaultPool, "private", [&] {
+    b = w.tensor(N, w.side, "B");
+    w.launch(w.side, fill_kernel(b, N, 1.0f));
+  });
+  const PoolHandle pool = w.alloc->block_info(b)->pool;
+  w.free(b);
+  return {g.graph, pool};
+}
+
 }  // namespace
 
 TEST_CASE("a persistent request is refused on every stream of a device while it captures",
@@ -286,18 +303,12 @@ TEST_CASE("a graph launched into another capture keeps its pool after its handle
 TEST_CASE("a graph pool left without references during a capture goes only after it",
           "[capture][pool-lifetime]") {
   World w;
-  float* b = nullptr;
-  const CaptureResult g = w.capture(kDefaultPool, "private", [&] {
-    b = w.tensor(N, w.side, "B");
-    w.launch(w.side, fill_kernel(b, N, 1.0f));
-  });
-  const PoolHandle pool = w.alloc->block_info(b)->pool;
-  w.free(b);
+  const auto [graph, pool] = capture_private_graph(w);
   const std::int64_t reserved_before = w.reserved();
   const StreamHandle other = w.stream();
   REQUIRE_OK(w.tracker->begin_capture(0, other, {.label = "during"}));
   float* during = w.tensor(N, other, "during");  // the capture is routed
-  REQUIRE_OK(w.tracker->destroy_graph(g.graph));
+  REQUIRE_OK(w.tracker->destroy_graph(graph));
   CHECK(w.pool_exists(pool));
   CHECK(w.reserved() >= reserved_before);
   REQUIRE_OK(w.alloc->CheckInvariants());
@@ -316,17 +327,11 @@ TEST_CASE("a graph pool left without references during a capture goes only after
 TEST_CASE("a device's allocation and free counts survive the release of a graph pool",
           "[capture][pool-lifetime]") {
   World w;
-  float* b = nullptr;
-  const CaptureResult g = w.capture(kDefaultPool, "private", [&] {
-    b = w.tensor(N, w.side, "B");
-    w.launch(w.side, fill_kernel(b, N, 1.0f));
-  });
-  const PoolHandle pool = w.alloc->block_info(b)->pool;
-  w.free(b);
+  const auto [graph, pool] = capture_private_graph(w);
   const AllocatorStats before = *w.alloc->stats(0);
   CHECK(before.allocations >= 1);
   CHECK(before.frees >= 1);
-  REQUIRE_OK(w.tracker->destroy_graph(g.graph));
+  REQUIRE_OK(w.tracker->destroy_graph(graph));
   REQUIRE_FALSE(w.pool_exists(pool));
   const AllocatorStats after = *w.alloc->stats(0);
   CHECK(after.allocations == before.allocations);
