@@ -121,6 +121,11 @@ void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
 }
 void* operator new(std::size_t size, std::align_val_t a) { return counted_aligned_new(size, a); }
 void* operator new[](std::size_t size, std::align_val_t a) { return counted_aligned_new(size, a); }
+// The replacements pair with counted_new's malloc; GCC, seeing a replaced
+// operator new inlined into a caller of these, would take the free for a
+// mismatch (-Wmismatched-new-delete, an error in the sanitizer builds).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
@@ -129,6 +134,7 @@ void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace capalloc {
 namespace {
