@@ -167,7 +167,9 @@ void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
   // may write this pool's memory, and the capture's record, which keeps
   // such memory mapped (graph_uses), exists only once it ends. Freeing
   // device memory during a capture is illegal on CUDA besides. The pool
-  // waits, fully free, for release_free_segments (empty_cache).
+  // waits, fully free, for release_free_segments (empty_cache). (A capture
+  // that has not allocated is not routed, and a GPU runtime cannot tell the
+  // allocator of one cheaply: any_capture_active is always true there.)
   if (devices[device].routes > 0 && !pool->segments().empty()) {
     pool->kept_for_segments = true;
     return;
@@ -337,7 +339,8 @@ absl::Status Allocator::drop_graph_pool_hold(PoolHandle handle, CaptureId captur
   return absl::OkStatus();
 }
 
-absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, PoolHandle handle) {
+absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, PoolHandle handle,
+                                               StreamHandle stream) {
   Impl& m = *impl_;
   if (absl::Status s = m.check_device(device); !s.ok()) return s;
   if (capture == 0) return absl::InvalidArgumentError("begin_allocate_to_pool: capture id 0");
@@ -354,9 +357,19 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
         "begin_allocate_to_pool: capture %d already allocates to a pool", capture));
   }
   ++(*pool)->route_refs;
-  m.routes.emplace(capture, detail::CaptureRoute{device, *pool, kDefaultStream, true});
+  detail::CaptureRoute& route =
+      m.routes.emplace(capture, detail::CaptureRoute{device, *pool, kDefaultStream, true})
+          .first->second;
   ++m.devices[device].routes;
   m.routed_captures.fetch_add(1, std::memory_order_relaxed);
+  if (stream != kDefaultStream) {
+    // A hold taken for the graph (a tracker's, hold_graph_pool) goes when
+    // the runtime reports the graph gone, however it went.
+    route.watched = true;
+    route.stream = stream;
+    m.watch_graph(capture, stream, handle,
+                  /*holds_pool_ref=*/(*pool)->graph_holds.contains(capture));
+  }
   return absl::OkStatus();
 }
 

@@ -109,7 +109,7 @@ absl::StatusOr<CaptureId> CaptureTracker::begin_capture(int device, StreamHandle
   }
   absl::Status routed = a.hold_graph_pool(pool, *id);
   if (routed.ok()) {
-    routed = a.begin_allocate_to_pool(device, *id, pool);
+    routed = a.begin_allocate_to_pool(device, *id, pool, stream);
     if (!routed.ok()) a.drop_graph_pool_hold(pool, *id).IgnoreError();
   }
   a.release_graph_pool(pool).IgnoreError();
@@ -229,7 +229,13 @@ absl::Status CaptureTracker::destroy_graph(GraphHandle graph) {
   }
   const CaptureId capture = it->second->record.capture;
   detail::trace_graph_destroy(*m.allocator, capture);
-  return m.allocator->drop_graph_pool_hold(m.drop_record(graph), capture);
+  // kNotFound: the runtime already reported the graph gone (destroyed
+  // through it) and the allocator let the hold go then.
+  if (absl::Status s = m.allocator->drop_graph_pool_hold(m.drop_record(graph), capture);
+      !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+    return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CaptureTracker::waive(GraphHandle graph, const void* victim, std::string_view tag,

@@ -68,7 +68,8 @@ void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
 void CaptureTracker::Impl::on_capture_graph_gone(CaptureId capture) {
   graphs_gone.push_back(capture);
   std::lock_guard pins_lock(pins_mu);
-  gone_pins.insert(detail::kDiscoveredGraph | capture);
+  const auto own = own_graphs.find(capture);
+  gone_pins.insert(own != own_graphs.end() ? own->second : detail::kDiscoveredGraph | capture);
 }
 
 void CaptureTracker::Impl::forget_discovered_graph(CaptureId capture) {
@@ -114,6 +115,10 @@ PoolHandle CaptureTracker::Impl::drop_record(GraphHandle graph) {
   {
     std::lock_guard pins_lock(pins_mu);  // graph_uses reads the index under it
     index.remove(*it->second);
+    if ((graph & detail::kDiscoveredGraph) == 0) {
+      own_graphs.erase(it->second->record.capture);
+      gone_pins.erase(graph);
+    }
   }
   count_writers(*it->second, -1);
   const PoolHandle pool = it->second->record.pool;
@@ -354,6 +359,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   {
     std::lock_guard pins_lock(pins_mu);  // graph_uses reads the index under it
     index.add(r);
+    if ((graph & detail::kDiscoveredGraph) == 0) own_graphs.insert_or_assign(capture.id, graph);
   }
   count_writers(r, +1);
   records.emplace(graph, std::move(indexed));

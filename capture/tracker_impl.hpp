@@ -201,6 +201,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   // out-of-memory retry) can already return the graph's memory. Guarded by
   // pins_mu.
   absl::flat_hash_set<GraphHandle> gone_pins;
+  // The graph of each capture this tracker began, while its record lives:
+  // the runtime reports a graph gone by capture id, and such a record is
+  // filed under its graph handle. Guarded by pins_mu.
+  absl::flat_hash_map<CaptureId, GraphHandle> own_graphs;
   // Set while this thread calls the allocator's end_allocate_to_pool with mu
   // held: its hook then has nothing to do (and must not take mu). Defined
   // here (inline, constant-initialised) so that no source file needs a TLS

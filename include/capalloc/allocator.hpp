@@ -281,8 +281,13 @@ class CAPALLOC_API Allocator {
   // beginAllocateToPool); the caller must hold a handle to it. A capture
   // nobody announced gets a private pool on
   // its first allocation, kept for the life of the allocator since nobody will
-  // say when its graph is gone.
-  absl::Status begin_allocate_to_pool(int device, CaptureId capture, PoolHandle pool);
+  // say when its graph is gone. `stream`, when given, is a stream in the
+  // capture, already under way: its graph is then watched from now
+  // (DeviceRuntime::watch_capture_graph) rather than from its first
+  // allocation, so that a graph hold on the pool lasts as long as the graph
+  // even when the capture allocates nothing (drop_graph_pool_hold).
+  absl::Status begin_allocate_to_pool(int device, CaptureId capture, PoolHandle pool,
+                                      StreamHandle stream = kDefaultStream);
   // Ends the route and drops its reference: the capture-end hook, called
   // after the capture has ended (kFailedPrecondition, changing nothing, while
   // a stream seen allocating in it is still capturing it). When no capture
