@@ -22,6 +22,7 @@
 #include "allocator/steady_state.hpp"
 #include "allocator/trace_hooks.hpp"
 #include "common/format.hpp"
+#include "common/guarded.hpp"
 #include "common/log.hpp"
 
 namespace capalloc {
@@ -142,9 +143,25 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
     }
   }
   if (!base.ok()) return base.status();
-  Block* block = pool.take_from_new_segment(*base, segment_bytes, stream, rounded, requested);
-  devices[device].segments.emplace(block->segment->base, block->segment);
-  return block;
+  // Nothing is lost past the reservation: if the bookkeeping cannot get
+  // host memory (it throws), the segment goes back to the runtime, and the
+  // pool and the device's segment map do not keep it.
+  auto& by_base = devices[device].segments;
+  const auto key = reinterpret_cast<std::uintptr_t>(*base);
+  try {
+    const auto entry = by_base.emplace(key, nullptr).first;
+    try {
+      Block* block = pool.take_from_new_segment(*base, segment_bytes, stream, rounded, requested);
+      entry->second = block->segment;
+      return block;
+    } catch (...) {
+      by_base.erase(key);
+      throw;
+    }
+  } catch (...) {
+    runtime->release(device, *base, segment_bytes).IgnoreError();
+    throw;
+  }
 }
 
 absl::Status Allocator::Impl::refuse_persistent(int device, StreamHandle stream,
@@ -281,7 +298,9 @@ const AllocatorOptions& Allocator::options() const { return impl_->options; }
 
 absl::StatusOr<void*> Allocator::allocate(std::size_t bytes, int device, StreamHandle stream,
                                           AllocOptions options) {
-  return impl_->allocate(bytes, device, stream, options, /*cache_tried=*/false);
+  return detail::guarded("allocate", [&] {
+    return impl_->allocate(bytes, device, stream, options, /*cache_tried=*/false);
+  });
 }
 
 absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
@@ -335,6 +354,14 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   if (m.gone_graphs->any.load(std::memory_order_acquire)) m.apply_gone_graphs();
   Pool& pool = ctx.capture != 0 ? *m.route_for(device, ctx.capture, stream)
                                 : *m.devices[device].default_pool;
+  // What needs host memory and can fail (it throws) comes before the take or
+  // undoes it, so that no block is lost between the pool and the pointer
+  // table; Allocator::allocate turns the throw into kResourceExhausted.
+  // (Abseil's hash tables, which hold streams and interned tags, are not
+  // exception-safe on a failed rehash: tests/alloc_failure_test.cpp.)
+  const std::uint32_t tag_id = request.tag.empty() ? 0 : detail::intern_id(request.tag);
+  const std::uint32_t owner_id = request.owner.empty() ? 0 : detail::intern_id(request.owner);
+  m.live.reserve_one();
   Block* block = pool.take(stream, rounded, bytes);
   if (block == nullptr) {
     auto fresh = m.take_new_segment(pool, device, stream, rounded, bytes);
@@ -342,15 +369,32 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
     block = *fresh;
   }
   block->lifetime = request.lifetime;
-  block->tag_id = request.tag.empty() ? 0 : detail::intern_id(request.tag);
-  block->owner_id = request.owner.empty() ? 0 : detail::intern_id(request.owner);
+  block->tag_id = tag_id;
+  block->owner_id = owner_id;
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
-  if (m.observer != nullptr) m.observer->on_allocate(*block);
   m.live.insert(block->addr, block);
-  if (ctx.capture != 0) {
-    m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
+  bool observed = false;
+  try {
+    if (m.observer != nullptr) {
+      m.observer->on_allocate(*block);
+      observed = true;
+    }
+    if (ctx.capture != 0) {
+      m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
+    }
+  } catch (...) {
+    // The caller never sees the block: it goes back as if never handed out.
+    if (observed) {
+      try {
+        m.observer->on_free(block->sequence);
+      } catch (...) {  // the trace misses the free; the allocator's state does not
+      }
+    }
+    m.live.erase(block->addr);
+    pool.give_back(block);
+    throw;
   }
   return reinterpret_cast<void*>(block->addr);
 }

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "allocator/block.hpp"
 
@@ -42,9 +43,13 @@ class BlockTable {
     }
   }
 
+  // Makes room for one more entry, so that the next insert cannot throw.
+  void reserve_one() {
+    if ((size_ + 1) * 2 > mask_ + 1) rebuild((mask_ + 1) * 2);
+  }
   // Adds `block` under `addr`. Precondition: `addr` is non-zero and absent.
   void insert(std::uintptr_t addr, Block* block) {
-    if ((size_ + 1) * 2 > mask_ + 1) rebuild((mask_ + 1) * 2);
+    reserve_one();
     place(addr, block);
     ++size_;
   }
@@ -112,9 +117,10 @@ class BlockTable {
     slots_[i] = Slot{addr, block};
   }
   void rebuild(std::size_t capacity) {
-    std::unique_ptr<Slot[]> old = std::move(slots_);
-    const std::size_t old_capacity = old == nullptr ? 0 : mask_ + 1;
-    slots_ = std::make_unique<Slot[]>(capacity);
+    // The new slots first: if they cannot be had, the table stays as it was.
+    std::unique_ptr<Slot[]> fresh = std::make_unique<Slot[]>(capacity);
+    const std::size_t old_capacity = slots_ == nullptr ? 0 : mask_ + 1;
+    std::unique_ptr<Slot[]> old = std::exchange(slots_, std::move(fresh));
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
     for (std::size_t i = 0; i < old_capacity; ++i) {

@@ -66,10 +66,9 @@ void Pool::file_free(Block* block) {
   free_bytes_ += static_cast<std::int64_t>(block->size);
 }
 
-void Pool::split(Block* block, std::size_t rounded) {
+void Pool::split(Block* block, std::size_t rounded, Block* rest) noexcept {
+  if (rest == nullptr) return;  // the slack stays inside the block
   const std::size_t remainder = block->size - rounded;
-  if (remainder < policy_.granularity) return;  // keep the slack inside the block
-  Block* rest = arena_.make();
   rest->addr = block->addr + rounded;
   rest->size = remainder;
   rest->segment = block->segment;
@@ -98,16 +97,20 @@ Block* Pool::take_indexed(StreamHandle stream, std::size_t rounded, std::size_t 
     block = index->find(rounded);
     if (block == nullptr) return nullptr;
   }
+  Block* rest = spare_for_split(block->size, rounded);
   index->remove(block);
   --stats_.free_blocks;
   free_bytes_ -= static_cast<std::int64_t>(block->size);
-  split(block, rounded);
+  split(block, rounded, rest);
   account_allocated(block, requested);
   return block;
 }
 
 Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
                                    std::size_t rounded, std::size_t requested) {
+  // What can throw comes first (the segment, its index, the blocks, room in
+  // segments_): if any of it does, the pool is as it was (an index made for
+  // the stream stays, empty) and the caller still owns `base`.
   auto segment = std::make_unique<Segment>();
   segment->base = reinterpret_cast<std::uintptr_t>(base);
   segment->size = bytes;
@@ -117,6 +120,15 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segment->pool = this;
   segment->index = make_index(stream, segment->size_class);
   Block* block = arena_.make();
+  Block* rest = nullptr;
+  try {
+    rest = spare_for_split(bytes, rounded);
+    segments_.reserve(segments_.size() + 1);
+  } catch (...) {
+    if (rest != nullptr) arena_.recycle(rest);
+    arena_.recycle(block);
+    throw;
+  }
   block->addr = segment->base;
   block->size = bytes;
   block->segment = segment.get();
@@ -124,7 +136,7 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segments_.push_back(std::move(segment));
   bump(stats_.reserved_bytes, static_cast<std::int64_t>(bytes));
   bump(stats_.segments, 1);
-  split(block, rounded);
+  split(block, rounded, rest);
   account_allocated(block, requested);
   return block;
 }

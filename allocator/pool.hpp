@@ -207,9 +207,15 @@ class Pool {
   }
   FreeIndex* find_index_slow(StreamHandle stream, SizeClass size_class) const;
   FreeIndex* make_index(StreamHandle stream, SizeClass size_class);
+  // The block a split of a `size`-byte block to `rounded` bytes files the
+  // remainder in, or null when the remainder stays inside the block. Made
+  // before anything changes: it is the one step of a take that can throw.
+  Block* spare_for_split(std::size_t size, std::size_t rounded) {
+    return size - rounded < policy_.granularity ? nullptr : arena_.make();
+  }
   // Splits `block` (free, out of the index) so that it is `rounded` bytes;
-  // the remainder is filed as a free block.
-  void split(Block* block, std::size_t rounded);
+  // the remainder goes in `rest` (from spare_for_split), filed as free.
+  void split(Block* block, std::size_t rounded, Block* rest) noexcept;
   void account_allocated(Block* block, std::size_t requested) {
     block->state = BlockState::kAllocated;
     block->handed_out = true;
