@@ -2,6 +2,7 @@
 // memory and logs nothing (issue 12).
 //
 // This program replaces the global operator new/delete with counting ones
+// (replaced_operator_new.hpp)
 // and adds a counting sink to capalloc's logger at level trace, then
 // replays a churn trace twice: the first pass warms the allocator up (block
 // arena, pointer table, free indexes, segments), the second is counted and
@@ -21,25 +22,13 @@
 #include "capalloc/capalloc.h"
 #include "capalloc/capture.hpp"
 #include "common/log.hpp"
+#include "replaced_operator_new.hpp"
 #include "test_support.hpp"
 
 namespace {
 
 std::atomic<bool> counting{false};
 std::atomic<long> heap_allocations{0};
-
-void* counted_new(std::size_t size) {
-  if (counting.load(std::memory_order_relaxed)) heap_allocations.fetch_add(1);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-
-void* counted_aligned_new(std::size_t size, std::align_val_t align) {
-  if (counting.load(std::memory_order_relaxed)) heap_allocations.fetch_add(1);
-  const auto a = static_cast<std::size_t>(align);
-  if (void* p = std::aligned_alloc(a, (size + a - 1) / a * a)) return p;
-  throw std::bad_alloc();
-}
 
 class CountingSink : public spdlog::sinks::base_sink<std::mutex> {
  public:
@@ -110,31 +99,10 @@ void check_counted_replay(Replay& replay) {
 
 }  // namespace
 
-void* operator new(std::size_t size) { return counted_new(size); }
-void* operator new[](std::size_t size) { return counted_new(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return counted_new(size);
-  } catch (...) {
-    return nullptr;
-  }
+// Where allocations are counted (replaced_operator_new.hpp).
+void capalloc_test::before_operator_new() {
+  if (counting.load(std::memory_order_relaxed)) heap_allocations.fetch_add(1);
 }
-void* operator new(std::size_t size, std::align_val_t a) { return counted_aligned_new(size, a); }
-void* operator new[](std::size_t size, std::align_val_t a) { return counted_aligned_new(size, a); }
-// The replacements pair with counted_new's malloc; GCC, seeing a replaced
-// operator new inlined into a caller of these, would take the free for a
-// mismatch (-Wmismatched-new-delete, an error in the sanitizer builds).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 namespace capalloc {
 namespace {
