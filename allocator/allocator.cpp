@@ -272,29 +272,37 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   block->sequence = m.next_sequence++;
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
-  m.live.insert(block->addr, block);
-  bool observed = false;
-  try {
-    if (m.observer != nullptr) {
-      m.observer->on_allocate(*block);
-      observed = true;
-    }
-    if (ctx.capture != 0) {
+  m.live.insert_reserved(block->addr, block);
+  if (m.observer != nullptr) m.observe_allocation(pool, block);
+  if (ctx.capture != 0) {
+    try {
       m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
+    } catch (...) {
+      m.undo_allocation(pool, block, /*observed=*/m.observer != nullptr);
+      throw;
     }
-  } catch (...) {
-    // The caller never sees the block: it goes back as if never handed out.
-    if (observed) {
-      try {
-        m.observer->on_free(block->sequence);
-      } catch (...) {  // the trace misses the free; the allocator's state does not
-      }
-    }
-    m.live.erase(block->addr);
-    pool.give_back(block);
-    throw;
   }
   return reinterpret_cast<void*>(block->addr);
+}
+
+void Allocator::Impl::observe_allocation(Pool& pool, Block* block) {
+  try {
+    observer->on_allocate(*block);
+  } catch (...) {
+    undo_allocation(pool, block, /*observed=*/false);
+    throw;
+  }
+}
+
+void Allocator::Impl::undo_allocation(Pool& pool, Block* block, bool observed) noexcept {
+  if (observed) {
+    try {
+      observer->on_free(block->sequence);
+    } catch (...) {  // the trace misses the free; the allocator's state does not
+    }
+  }
+  live.erase(block->addr);
+  pool.untake(block);
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {

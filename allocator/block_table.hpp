@@ -17,6 +17,7 @@
 #define CAPALLOC_ALLOCATOR_BLOCK_TABLE_HPP_
 
 #include <bit>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,13 +44,21 @@ class BlockTable {
     }
   }
 
-  // Makes room for one more entry, so that the next insert cannot throw.
+  // Makes room for one more entry (it may throw std::bad_alloc, the table
+  // unchanged), so that the next insert_reserved cannot fail.
   void reserve_one() {
     if ((size_ + 1) * 2 > mask_ + 1) rebuild((mask_ + 1) * 2);
   }
   // Adds `block` under `addr`. Precondition: `addr` is non-zero and absent.
   void insert(std::uintptr_t addr, Block* block) {
     reserve_one();
+    insert_reserved(addr, block);
+  }
+  // insert() after reserve_one(), with no insert between: never throws. The
+  // allocation paths reserve before they take a block from a pool, so that
+  // no block is lost between the pool and this table.
+  void insert_reserved(std::uintptr_t addr, Block* block) noexcept {
+    assert((size_ + 1) * 2 <= mask_ + 1);
     place(addr, block);
     ++size_;
   }

@@ -142,6 +142,14 @@ class Pool {
                                std::size_t rounded, std::size_t requested);
   // Frees an allocated or pending-free block: merges and files it.
   void give_back(Block* block);
+  // Takes back an allocated block its caller never handed out (a later step
+  // of the allocation failed): give_back(), and neither the allocation nor
+  // the free counted.
+  void untake(Block* block) {
+    give_back(block);
+    --stats_.allocations;
+    --stats_.frees;
+  }
   // Whether cache_freed may take `block` (its size is one the quick cache
   // of its segment's index keeps, and the cache has room). Inline, with
   // cache_freed: the steady-state free.

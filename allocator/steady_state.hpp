@@ -35,6 +35,9 @@ namespace capalloc {
   }
   // The quick cache first, then the free index (a miss here is cheaper
   // than the general path's: no second capture check, no second lock).
+  // Room in the pointer table first: growing it may throw, and must not
+  // after a block has left the pool.
+  live.reserve_one();
   detail::Pool& pool = *devices[device].default_pool;
   detail::Block* block = pool.take_cached(stream, rounded, bytes);
   if (block == nullptr) block = pool.take_indexed(stream, rounded, bytes);
@@ -42,8 +45,8 @@ namespace capalloc {
   // The per-allocation fields were reset when the block was freed (or
   // made by a split), whether it was cached or filed in the index.
   block->sequence = next_sequence++;
-  if (observer != nullptr) observer->on_allocate(*block);
-  live.insert(block->addr, block);
+  live.insert_reserved(block->addr, block);
+  if (observer != nullptr) observe_allocation(pool, block);
   return reinterpret_cast<void*>(block->addr);
 }
 

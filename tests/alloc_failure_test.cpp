@@ -4,8 +4,9 @@
 // pool whose split cannot get a block, or whose new segment cannot be
 // filed, is as it was.
 //
-// This program replaces the global operator new with one that throws
-// std::bad_alloc at the k-th allocation of the calling thread while armed.
+// This program replaces the global operator new (replaced_operator_new.hpp)
+// with one that throws std::bad_alloc at the k-th allocation of the calling
+// thread while armed.
 //
 // Not claimed: that every failed request through Allocator::allocate
 // changes no state. A probe of that (each host allocation on a request's
@@ -16,10 +17,12 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocator/block_table.hpp"
 #include "allocator/pool.hpp"
+#include "replaced_operator_new.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -36,19 +39,6 @@ bool fail_now() {
   return false;
 }
 
-void* failing_new(std::size_t size) {
-  if (fail_now()) throw std::bad_alloc();
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-
-void* failing_aligned_new(std::size_t size, std::align_val_t align) {
-  const auto a = static_cast<std::size_t>(align);
-  if (fail_now()) throw std::bad_alloc();
-  if (void* p = std::aligned_alloc(a, (size + a - 1) / a * a)) return p;
-  throw std::bad_alloc();
-}
-
 // Arms the failure at the k-th allocation of this thread.
 void arm(long k) {
   t_countdown = k;
@@ -62,29 +52,10 @@ bool disarm() {
 
 }  // namespace
 
-void* operator new(std::size_t size) { return failing_new(size); }
-void* operator new[](std::size_t size) { return failing_new(size); }
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return failing_new(size);
-  } catch (...) {
-    return nullptr;
-  }
+// Where the failure is injected (replaced_operator_new.hpp).
+void capalloc_test::before_operator_new() {
+  if (fail_now()) throw std::bad_alloc();
 }
-void* operator new(std::size_t size, std::align_val_t a) { return failing_aligned_new(size, a); }
-void* operator new[](std::size_t size, std::align_val_t a) { return failing_aligned_new(size, a); }
-// These pair with failing_new's malloc; see steady_state_test.cpp.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
 
 namespace capalloc::detail {
 namespace {
@@ -200,6 +171,72 @@ TEST_CASE("a pool that cannot file a new segment is as it was", "[alloc-failure]
   pool.give_back(block);
   pool.give_back(warm);
   REQUIRE(pool.check_invariants().ok());
+}
+
+// Allocates `bytes` on the default stream, failing the k-th host allocation
+// of this thread for k = 1, 2, ... until one succeeds. Each failure must be
+// kResourceExhausted and leave the allocator as it was (its stats and
+// invariants; the block may come back merged). The pointer it finally gets, and the number of failures.
+std::pair<void*, int> allocate_through_failures(Allocator& a, std::size_t bytes) {
+  for (long k = 1;; ++k) {
+    const AllocatorStats before = *a.stats(0);
+    arm(k);
+    auto p = a.allocate(bytes, 0, kDefaultStream);
+    if (!disarm()) {
+      REQUIRE(p.ok());
+      return {*p, static_cast<int>(k - 1)};
+    }
+    INFO("host allocation " << k << " failed");
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == absl::StatusCode::kResourceExhausted);
+    // As testing::same_state, but the free block count may drop: a block
+    // taken from the quick cache goes back merged with its free neighbours.
+    const AllocatorStats after = *a.stats(0);
+    AllocatorStats merged = before;
+    merged.free_blocks = after.free_blocks;
+    CHECK(after.free_blocks <= before.free_blocks);
+    CHECK(testing::same_state(merged, after));
+    REQUIRE(a.CheckInvariants().ok());
+  }
+}
+
+// The steady-state path (a block popped from the quick cache) takes room in
+// the pointer table before the block: growing the table can fail, and a
+// block taken first would then be lost to both the pool and the table.
+TEST_CASE("a cached block stays in the pool when the pointer table cannot grow",
+          "[alloc-failure][steady-state]") {
+  auto a = testing::make_allocator(testing::host_runtime());
+  // The table holds 256 slots and grows past half full: 128 live blocks
+  // (of another size class) and a cached one the next request takes. The
+  // cached block is made first, so that the table never held 129.
+  void* cached = *a->allocate(512, 0, kDefaultStream);
+  std::vector<void*> held;
+  for (int i = 0; i < 127; ++i) held.push_back(*a->allocate(4096, 0, kDefaultStream));
+  REQUIRE_OK(a->deallocate(cached));
+  held.push_back(*a->allocate(4096, 0, kDefaultStream));
+  const auto [p, failures] = allocate_through_failures(*a, 512);
+  CHECK(failures >= 1);   // the table's new slots
+  CHECK(p == cached);     // the block the failures left in the cache
+  REQUIRE_OK(a->deallocate(p));
+  for (void* h : held) REQUIRE_OK(a->deallocate(h));
+  REQUIRE_OK(a->CheckInvariants());
+}
+
+// With call stacks recorded, the observer interns each new allocation site:
+// that can fail after the block was taken and entered in the pointer table,
+// and the block must then go back.
+TEST_CASE("a block goes back to the pool when the observer cannot record its allocation",
+          "[alloc-failure][steady-state]") {
+  AllocatorOptions options;
+  options.record_stacks = true;
+  auto a = testing::make_allocator(testing::host_runtime(), options);
+  void* cached = *a->allocate(512, 0, kDefaultStream);
+  REQUIRE_OK(a->deallocate(cached));
+  const auto [p, failures] = allocate_through_failures(*a, 512);
+  CHECK(failures >= 1);   // the new call site's record
+  CHECK(p == cached);
+  REQUIRE_OK(a->deallocate(p));
+  REQUIRE_OK(a->CheckInvariants());
 }
 
 }  // namespace
