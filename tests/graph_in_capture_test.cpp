@@ -58,12 +58,28 @@ void replay_native(World& w, GraphHandle g) {
   REQUIRE_OK(w.rt->synchronize_stream(kDefaultStream));
 }
 
+// Replays `g` natively after zeroing `p`: `value` in p then shows that the
+// replay wrote it, into memory its pool still held.
+void expect_native_replay_writes(World& w, GraphHandle g, float* p, float value) {
+  zero(w, p);
+  replay_native(w, g);
+  const std::vector<float> got = w.read(p, N);
+  CHECK(got[0] == value);
+  CHECK(got[N - 1] == value);
+}
+
 // Everything destroyed: two empty_caches give every byte back.
 void expect_no_leak(World& w, std::int64_t baseline) {
   REQUIRE_OK(w.alloc->empty_cache(0));
   REQUIRE_OK(w.alloc->empty_cache(0));
   CHECK(w.reserved() == baseline);
   REQUIRE_OK(w.alloc->CheckInvariants());
+}
+
+// Everything destroyed: every byte back, and `pool` gone with it.
+void expect_pool_gone(World& w, std::int64_t baseline, PoolHandle pool) {
+  expect_no_leak(w, baseline);
+  CHECK_FALSE(w.pool_exists(pool));
 }
 
 }  // namespace
@@ -146,8 +162,7 @@ TEST_CASE("graph in capture: nested launches A into B into C, destroyed in vario
     CHECK(w.read(a.p, N)[0] == 7.0f);
     REQUIRE_OK(w.tracker->destroy_graph(b.graph));
   }
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(a.pool));
+  expect_pool_gone(w, baseline, a.pool);
   CHECK_FALSE(w.pool_exists(b.pool));
 }
 
@@ -172,22 +187,17 @@ TEST_CASE("graph in capture: the same graph launched into two captures", "[graph
     REQUIRE_OK(w.rt->destroy_graph(*c1));
     REQUIRE_OK(w.alloc->empty_cache(0));
     REQUIRE(w.pool_exists(a.pool));
-    zero(w, a.p);
-    replay_native(w, c2->graph);
-    CHECK(w.read(a.p, N)[1] == 7.0f);
+    expect_native_replay_writes(w, c2->graph, a.p, 7.0f);
     REQUIRE_OK(w.tracker->destroy_graph(c2->graph));
   }
   SECTION("tracked outer destroyed first") {
     REQUIRE_OK(w.tracker->destroy_graph(c2->graph));
     REQUIRE_OK(w.alloc->empty_cache(0));
     REQUIRE(w.pool_exists(a.pool));
-    zero(w, a.p);
-    replay_native(w, *c1);
-    CHECK(w.read(a.p, N)[1] == 7.0f);
+    expect_native_replay_writes(w, *c1, a.p, 7.0f);
     REQUIRE_OK(w.rt->destroy_graph(*c1));
   }
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(a.pool));
+  expect_pool_gone(w, baseline, a.pool);
 }
 
 TEST_CASE("graph in capture: an outer capture invalidated after a graph was launched into it",
@@ -224,8 +234,7 @@ TEST_CASE("graph in capture: an outer capture invalidated after a graph was laun
     CHECK(w.read(a.p, N)[0] == 7.0f);
     REQUIRE_OK(w.tracker->destroy_graph(a.graph));
   }
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(a.pool));
+  expect_pool_gone(w, baseline, a.pool);
 }
 
 TEST_CASE("graph in capture: a tracker-captured outer graph destroyed through the runtime",
@@ -249,13 +258,10 @@ TEST_CASE("graph in capture: a tracker-captured outer graph destroyed through th
   REQUIRE_OK(c);
   REQUIRE_OK(w.tracker->destroy_graph(a.graph));
   REQUIRE(w.pool_exists(a.pool));
-  zero(w, a.p);
-  replay_native(w, c->graph);
-  CHECK(w.read(a.p, N)[0] == 7.0f);
+  expect_native_replay_writes(w, c->graph, a.p, 7.0f);
   REQUIRE_OK(w.rt->destroy_graph(c->graph));  // bypassing the tracker
   if (tracker_call_before_empty) (void)w.tracker->check();
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(a.pool));
+  expect_pool_gone(w, baseline, a.pool);
 }
 
 TEST_CASE("graph in capture: destroying a graph while its replay is in flight keeps its pool",
@@ -295,8 +301,7 @@ TEST_CASE("graph in capture: destroying a graph while its replay is in flight ke
   REQUIRE_OK(w.rt->synchronize_stream(run));
   REQUIRE(kept_during);
   CHECK(w.read(s.p, N)[N - 1] == 5.0f);
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(s.pool));
+  expect_pool_gone(w, baseline, s.pool);
 }
 
 TEST_CASE("graph in capture: the tracker destroyed while an outer graph holds a graph's nodes",
@@ -312,13 +317,10 @@ TEST_CASE("graph in capture: the tracker destroyed while an outer graph holds a 
   w.tracker.reset();  // destroys A through the runtime and drops its hold
   REQUIRE_OK(w.alloc->empty_cache(0));
   REQUIRE(w.pool_exists(a.pool));
-  zero(w, a.p);
-  replay_native(w, *c);
-  CHECK(w.read(a.p, N)[3] == 7.0f);
+  expect_native_replay_writes(w, *c, a.p, 7.0f);
   REQUIRE_OK(w.alloc->CheckInvariants());
   REQUIRE_OK(w.rt->destroy_graph(*c));
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(a.pool));
+  expect_pool_gone(w, baseline, a.pool);
 }
 
 TEST_CASE("graph in capture: a shared user pool used by several captures, launched into an outer graph",
@@ -340,12 +342,9 @@ TEST_CASE("graph in capture: a shared user pool used by several captures, launch
   REQUIRE_OK(w.tracker->destroy_graph(a.graph));
   REQUIRE_OK(w.alloc->empty_cache(0));
   REQUIRE(w.pool_exists(pool));
-  zero(w, a.p);
-  replay_native(w, *c);
-  CHECK(w.read(a.p, N)[0] == 7.0f);
+  expect_native_replay_writes(w, *c, a.p, 7.0f);
   REQUIRE_OK(w.rt->destroy_graph(*c));
-  expect_no_leak(w, baseline);
-  CHECK_FALSE(w.pool_exists(pool));
+  expect_pool_gone(w, baseline, pool);
 }
 
 // A graph that writes its shared pool's memory without allocating during its
@@ -380,9 +379,7 @@ TEST_CASE("graph in capture: a non-allocating graph writing its shared pool, lau
   REQUIRE_OK(w.tracker->destroy_graph(b.graph));
   REQUIRE_OK(w.alloc->empty_cache(0));
   REQUIRE(w.pool_exists(pool));  // C still runs B's nodes (else its replay writes unmapped memory)
-  zero(w, out);
-  replay_native(w, *c);
-  CHECK(w.read(out, N)[0] == 9.0f);
+  expect_native_replay_writes(w, *c, out, 9.0f);
   REQUIRE_OK(w.rt->destroy_graph(*c));
   expect_no_leak(w, baseline);
 }
