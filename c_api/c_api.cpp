@@ -132,6 +132,7 @@ capalloc::StreamHandle as_stream(void* stream) {
             "on purpose"));
       }
       torch_allocator.store(g.allocator, std::memory_order_release);
+      capalloc::detail::note_torch_allocator(g.allocator);
       // A capture that a PyTorch pool's filter accepts allocates into that
       // pool (capalloc_torch_begin_allocate_to_pool).
       if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {
@@ -430,18 +431,18 @@ capalloc_status capalloc_release_persistent(int device, const char* key) {
 
 void* capalloc_torch_malloc(size_t size, int device, void* stream) {
   if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
-  capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
-  if (known != nullptr &&
-      capalloc::detail::torch_begins_underway.load(std::memory_order_acquire) == 0) [[likely]] {
+  capalloc::Allocator* unrouted =
+      capalloc::detail::torch_unrouted_allocator.load(std::memory_order_acquire);
+  if (unrouted != nullptr) [[likely]] {
     // The allocator is known usable and no PyTorch pool begin is underway
-    // (nothing to route): the steady-state path, straight into the
+    // (nothing to route; one pointer says both): the steady-state path, straight into the
     // allocator (no status to build), inlined from steady_state.hpp so that
     // this function and the path share one frame. This function is only
     // that; anything else is torch_malloc_general's.
     void* out = nullptr;
     try {
-      out = capalloc::detail::AllocatorAccess::impl(*known).allocate_cached(size, device,
-                                                                            as_stream(stream));
+      out = capalloc::detail::AllocatorAccess::impl(*unrouted).allocate_cached(size, device,
+                                                                               as_stream(stream));
     } catch (...) {
       out = nullptr;  // the general path says what went wrong
     }
@@ -450,7 +451,8 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
       return out;
     }
   }
-  return torch_malloc_general(size, device, stream, known);
+  return torch_malloc_general(size, device, stream,
+                              torch_allocator.load(std::memory_order_acquire));
 }
 
 void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {

@@ -87,6 +87,37 @@ bool strict_refuses(const CaptureTracker& tracker, const Finding& f) {
 }  // namespace
 
 constinit std::atomic<int> torch_begins_underway{0};
+constinit std::atomic<Allocator*> torch_unrouted_allocator{nullptr};
+
+namespace {
+
+// The allocator note_torch_allocator recorded; under torch_pools().mu.
+Allocator* torch_usable_allocator = nullptr;
+
+// A begin is now underway: no steady-state path until every one has ended.
+// Requires torch_pools().mu.
+void torch_begin_underway() {
+  torch_begins_underway.fetch_add(1, std::memory_order_release);
+  torch_unrouted_allocator.store(nullptr, std::memory_order_release);
+}
+
+// A begin has ended; the last one republishes the allocator. Requires
+// torch_pools().mu.
+void torch_begin_ended() {
+  if (torch_begins_underway.fetch_sub(1, std::memory_order_release) == 1) {
+    torch_unrouted_allocator.store(torch_usable_allocator, std::memory_order_release);
+  }
+}
+
+}  // namespace
+
+void note_torch_allocator(Allocator* a) {
+  std::lock_guard lock(torch_pools().mu);
+  torch_usable_allocator = a;
+  if (torch_begins_underway.load(std::memory_order_acquire) == 0) {
+    torch_unrouted_allocator.store(a, std::memory_order_release);
+  }
+}
 
 absl::Status route_torch_capture_underway(const GlobalCapalloc& g, int device, void* stream) {
   TorchPools& tp = torch_pools();
@@ -149,7 +180,7 @@ capalloc_status capalloc_torch_begin_allocate_to_pool(int device, uint64_t pool_
     }
     it->second.underway.push_back({filter, context, {}});
     ++it->second.uses;
-    capalloc::detail::torch_begins_underway.fetch_add(1, std::memory_order_release);
+    capalloc::detail::torch_begin_underway();
     return absl::OkStatus();
   });
 }
@@ -189,7 +220,7 @@ capalloc_status capalloc_torch_end_allocate_to_pool(int device, uint64_t pool_a,
         ended.push_back(id);
       }
       underway.pop_front();
-      capalloc::detail::torch_begins_underway.fetch_sub(1, std::memory_order_release);
+      capalloc::detail::torch_begin_ended();
     }
     // The routes' end had the tracker inspect the graphs; every capture that
     // ended is recorded by check() at the latest.
