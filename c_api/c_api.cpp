@@ -108,6 +108,9 @@ capalloc::StreamHandle as_stream(void* stream) {
 // small.
 [[gnu::noinline]] void* torch_malloc_general(size_t size, int device, void* stream,
                                              capalloc::Allocator* known) {
+  // PyTorch's convention for empty tensors (the steady-state path declines
+  // size 0 without a test of its own).
+  if (size == 0) return nullptr;
   void* out = nullptr;
   capalloc_status status;
   if (known != nullptr &&
@@ -159,6 +162,9 @@ capalloc::StreamHandle as_stream(void* stream) {
 // its own lock.
 [[gnu::noinline]] void torch_free_general(void* ptr, int device, capalloc::Allocator* known,
                                           bool try_cache) {
+  // Nothing to free (the steady-state path declines null without a test of
+  // its own).
+  if (ptr == nullptr) return;
   const capalloc_status status =
       known != nullptr
           ? report(capalloc::detail::guarded("capalloc", [&] {
@@ -430,7 +436,6 @@ capalloc_status capalloc_release_persistent(int device, const char* key) {
 }
 
 void* capalloc_torch_malloc(size_t size, int device, void* stream) {
-  if (size == 0) return nullptr;  // PyTorch's convention for empty tensors
   capalloc::Allocator* unrouted =
       capalloc::detail::torch_unrouted_allocator.load(std::memory_order_acquire);
   if (unrouted != nullptr) [[likely]] {
@@ -458,7 +463,6 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
 void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   (void)size;
   (void)stream;  // the block remembers its stream; frees are ordered on it
-  if (ptr == nullptr) return;
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
   if (known != nullptr) [[likely]] {
     auto& impl = capalloc::detail::AllocatorAccess::impl(*known);
