@@ -134,8 +134,12 @@ capalloc::StreamHandle as_stream(void* stream) {
             "); set CAPALLOC_RUNTIME=cuda or hip to see the error, or =host to use host memory "
             "on purpose"));
       }
-      torch_allocator.store(g.allocator, std::memory_order_release);
-      capalloc::detail::note_torch_allocator(g.allocator);
+      // Once: note_torch_allocator takes the torch pools' lock, and this
+      // path runs for every allocation while a pool begin is underway.
+      if (torch_allocator.load(std::memory_order_acquire) == nullptr) {
+        torch_allocator.store(g.allocator, std::memory_order_release);
+        capalloc::detail::note_torch_allocator(g.allocator);
+      }
       // A capture that a PyTorch pool's filter accepts allocates into that
       // pool (capalloc_torch_begin_allocate_to_pool).
       if (absl::Status s = capalloc::detail::route_torch_capture(g, device, stream); !s.ok()) {

@@ -2,7 +2,9 @@
 // capture through the C ABI whose kernels are launched on the process-wide
 // runtime (reached through c_api/global.hpp), checked and replayed strictly.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -279,6 +281,80 @@ TEST_CASE("C ABI: PyTorch's pool hooks route captures, share pools and check at 
   const capalloc_status invariants = capalloc_check_invariants();
   INFO(capalloc_last_error());
   CHECK(invariants == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
+}
+
+namespace {
+
+// A filter that allocates and frees through the torch entry points on the
+// default stream (not capturing) each time it is asked.
+struct AllocatingFilter {
+  void* stream = nullptr;
+  void* got = nullptr;
+};
+int allocating_filter(void* context, void* stream) {
+  auto* f = static_cast<AllocatingFilter*>(context);
+  f->got = capalloc_torch_malloc(128, 0, nullptr);
+  return stream == f->stream ? 1 : 0;
+}
+
+}  // namespace
+
+// Found by a review of 2f78d49: every allocation made while a pool begin was
+// underway took the torch pools' lock to note the allocator, and a filter
+// (asked under that lock) that allocated waited for it forever. The capture
+// runs on a thread of its own, so that a deadlock fails the test instead of
+// hanging it.
+TEST_CASE("C ABI: a PyTorch pool filter may allocate on a stream that is not capturing",
+          "[c_api][capture][torch]") {
+  use_host_runtime();
+  auto global = capalloc::detail::global_capalloc();
+  REQUIRE_OK(global);
+  capalloc::DeviceRuntime& rt = *global->allocator->device_runtime();
+  void* warm = capalloc_torch_malloc(64, 0, nullptr);  // the allocator known usable
+  REQUIRE(warm != nullptr);
+  void* side = nullptr;
+  REQUIRE(capalloc_stream_create(0, &side) == CAPALLOC_OK);
+  AllocatingFilter filter{side, nullptr};
+  REQUIRE(capalloc_torch_begin_allocate_to_pool(0, 31, 0, allocating_filter, &filter) ==
+          CAPALLOC_OK);
+  const auto stream = reinterpret_cast<capalloc::StreamHandle>(side);
+  std::promise<void*> allocated;
+  std::future<void*> result = allocated.get_future();
+  absl::StatusOr<capalloc::GraphHandle> graph = absl::UnknownError("not ended");
+  std::thread capture([&] {
+    if (!rt.begin_capture(stream, capalloc::CaptureMode::kThreadLocal).ok()) {
+      allocated.set_value(nullptr);
+      return;
+    }
+    void* p = capalloc_torch_malloc(4096, 0, side);
+    graph = rt.end_capture(stream);
+    allocated.set_value(p);
+  });
+  if (result.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    capture.detach();  // blocked for good: the deadlock
+    FAIL("capalloc_torch_malloc during the capture did not return in 30 s");
+  }
+  capture.join();
+  void* p = result.get();
+  REQUIRE(p != nullptr);
+  REQUIRE(filter.got != nullptr);
+  REQUIRE_OK(graph);
+  uint64_t pool = 0;
+  REQUIRE(capalloc_torch_pool(0, 31, 0, &pool, nullptr) == CAPALLOC_OK);
+  CHECK(global->allocator->block_info(p)->pool == pool);            // routed
+  CHECK(global->allocator->block_info(filter.got)->pool != pool);  // not routed
+  REQUIRE(capalloc_torch_end_allocate_to_pool(0, 31, 0, nullptr) == CAPALLOC_OK);
+  REQUIRE_OK(rt.destroy_graph(*graph));
+  capalloc_torch_free(p, 4096, 0, side);
+  capalloc_torch_free(filter.got, 128, 0, nullptr);
+  capalloc_torch_free(warm, 64, 0, nullptr);
+  REQUIRE(capalloc_torch_release_pool(0, 31, 0) == CAPALLOC_OK);
+  REQUIRE(capalloc_stream_synchronize(side) == CAPALLOC_OK);
+  const char* after = nullptr;
+  REQUIRE(capalloc_check(&after) == CAPALLOC_OK);
+  REQUIRE(capalloc_empty_cache(-1) == CAPALLOC_OK);
+  CHECK(capalloc_check_invariants() == CAPALLOC_OK);
   REQUIRE(capalloc_stream_destroy(side) == CAPALLOC_OK);
 }
 

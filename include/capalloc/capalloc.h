@@ -207,11 +207,15 @@ CAPALLOC_API void capalloc_torch_free(void* ptr, size_t size, int device, void* 
  *
  * A filter says whether a stream's allocations belong to the capture that
  * began: nonzero yes. PyTorch begins before the capture exists, so the
- * filter is asked (outside capalloc's locks) at the first allocation
- * through capalloc_torch_malloc on a capturing stream of `device`; the
- * capture it accepts then allocates into the pool. NULL: every capture on
- * the device. `filter` and `context` must stay valid until the matching
- * capalloc_torch_end_allocate_to_pool returns. */
+ * filter is asked at the first allocation through capalloc_torch_malloc on
+ * a capturing stream of `device`; the capture it accepts then allocates
+ * into the pool. NULL: every capture on the device. The filter runs outside
+ * the allocator's lock but under the lock of these pool functions, which is
+ * what keeps `filter` and `context` in use no longer than until the
+ * matching capalloc_torch_end_allocate_to_pool returns: it may allocate
+ * and free through capalloc_torch_malloc/free on a stream that is not
+ * capturing, but must not call the functions below (they would wait for
+ * that lock). */
 typedef int (*capalloc_stream_filter)(void* context, void* stream);
 
 /* beginAllocateToPool: the pool gets a use (it is created on first use).
