@@ -260,6 +260,7 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   const std::uint32_t tag_id = request.tag.empty() ? 0 : detail::intern_id(request.tag);
   const std::uint32_t owner_id = request.owner.empty() ? 0 : detail::intern_id(request.owner);
   m.live.reserve_one();
+  const Pool::AllocationPeaks peaks = pool.allocation_peaks();
   Block* block = pool.take(stream, rounded, bytes);
   if (block == nullptr) {
     auto fresh = m.take_new_segment(pool, device, stream, rounded, bytes);
@@ -273,28 +274,33 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   block->capture = ctx.capture;
   block->capture_position = ctx.position;
   m.live.insert_reserved(block->addr, block);
-  if (m.observer != nullptr) m.observe_allocation(pool, block);
+  if (m.observer != nullptr) m.observe_allocation(pool, block, peaks);
   if (ctx.capture != 0) {
     try {
       m.notify(BlockEvent::Kind::kAllocate, *block, ctx.capture, ctx.position, ctx.graph);
     } catch (...) {
-      m.undo_allocation(pool, block, /*observed=*/m.observer != nullptr);
+      m.undo_allocation(pool, block, peaks, /*observed=*/m.observer != nullptr);
       throw;
     }
   }
+  // Only now: the double-free diagnosis tells a block someone held from
+  // memory never handed out.
+  block->handed_out = true;
   return reinterpret_cast<void*>(block->addr);
 }
 
-void Allocator::Impl::observe_allocation(Pool& pool, Block* block) {
+void Allocator::Impl::observe_allocation(Pool& pool, Block* block,
+                                         const Pool::AllocationPeaks& peaks) {
   try {
     observer->on_allocate(*block);
   } catch (...) {
-    undo_allocation(pool, block, /*observed=*/false);
+    undo_allocation(pool, block, peaks, /*observed=*/false);
     throw;
   }
 }
 
-void Allocator::Impl::undo_allocation(Pool& pool, Block* block, bool observed) noexcept {
+void Allocator::Impl::undo_allocation(Pool& pool, Block* block,
+                                      const Pool::AllocationPeaks& peaks, bool observed) noexcept {
   if (observed) {
     try {
       observer->on_free(block->sequence);
@@ -302,7 +308,7 @@ void Allocator::Impl::undo_allocation(Pool& pool, Block* block, bool observed) n
     }
   }
   live.erase(block->addr);
-  pool.untake(block);
+  pool.untake(block, peaks);
 }
 
 absl::Status Allocator::deallocate(void* ptr, int device) {

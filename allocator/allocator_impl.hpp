@@ -194,14 +194,17 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   void* allocate_cached_locked(std::size_t bytes, std::size_t rounded, int device,
                                StreamHandle stream);
   // Tells the observer of `block`, just taken from `pool` and entered in the
-  // pointer table. If the observer throws, the block goes back as if never
-  // handed out and the exception propagates. Out of line: the steady-state
-  // path calls it only when an observer is set.
-  [[gnu::noinline]] void observe_allocation(detail::Pool& pool, detail::Block* block);
+  // pointer table (`peaks`: the pool's before the take). If the observer
+  // throws, the block goes back as if never handed out and the exception
+  // propagates. Out of line: the steady-state path calls it only when an
+  // observer is set.
+  [[gnu::noinline]] void observe_allocation(detail::Pool& pool, detail::Block* block,
+                                            const detail::Pool::AllocationPeaks& peaks);
   // Returns a block the caller never saw: out of the pointer table, back
-  // into `pool`; `observed`: the observer heard of it and now hears of the
-  // free.
-  void undo_allocation(detail::Pool& pool, detail::Block* block, bool observed) noexcept;
+  // into `pool` with its counters and peaks as before the take; `observed`:
+  // the observer heard of it and now hears of the free.
+  void undo_allocation(detail::Pool& pool, detail::Block* block,
+                       const detail::Pool::AllocationPeaks& peaks, bool observed) noexcept;
   absl::Status check_device(int device) const;
   absl::StatusOr<void*> reserve_relaxed(int device, std::size_t bytes);
   // True when `stream` is capturing (or its state cannot be read).

@@ -142,13 +142,29 @@ class Pool {
                                std::size_t rounded, std::size_t requested);
   // Frees an allocated or pending-free block: merges and files it.
   void give_back(Block* block);
-  // Takes back an allocated block its caller never handed out (a later step
-  // of the allocation failed): give_back(), and neither the allocation nor
-  // the free counted.
-  void untake(Block* block) {
+  // The peaks an allocation may raise (Pool::take and its kin), read
+  // before it so that untake() can put them back.
+  // No initializers: the steady-state path reads them only with an observer
+  // set, and does not pay for zeroing them without one.
+  struct AllocationPeaks {
+    std::int64_t allocated_bytes;
+    std::int64_t requested_bytes;
+    std::int64_t allocated_blocks;
+  };
+  AllocationPeaks allocation_peaks() const {
+    return {stats_.allocated_bytes.peak, stats_.requested_bytes.peak,
+            stats_.allocated_blocks.peak};
+  }
+  // Takes back an allocated block its caller never saw (a later step of the
+  // allocation failed): give_back(), neither the allocation nor the free
+  // counted, and the peaks as they were before the take (`before`).
+  void untake(Block* block, const AllocationPeaks& before) {
     give_back(block);
     --stats_.allocations;
     --stats_.frees;
+    stats_.allocated_bytes.peak = before.allocated_bytes;
+    stats_.requested_bytes.peak = before.requested_bytes;
+    stats_.allocated_blocks.peak = before.allocated_blocks;
   }
   // Whether cache_freed may take `block` (its size is one the quick cache
   // of its segment's index keeps, and the cache has room). Inline, with
@@ -226,7 +242,6 @@ class Pool {
   void split(Block* block, std::size_t rounded, Block* rest) noexcept;
   void account_allocated(Block* block, std::size_t requested) {
     block->state = BlockState::kAllocated;
-    block->handed_out = true;
     block->requested = requested;
     bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
     bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));

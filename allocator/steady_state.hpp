@@ -39,6 +39,9 @@ namespace capalloc {
   // after a block has left the pool.
   live.reserve_one();
   detail::Pool& pool = *devices[device].default_pool;
+  // Only an observer can fail past the take; its undo needs the peaks.
+  detail::Pool::AllocationPeaks peaks;
+  if (observer != nullptr) [[unlikely]] peaks = pool.allocation_peaks();
   detail::Block* block = pool.take_cached(stream, rounded, bytes);
   if (block == nullptr) block = pool.take_indexed(stream, rounded, bytes);
   if (block == nullptr) return nullptr;
@@ -46,7 +49,8 @@ namespace capalloc {
   // made by a split), whether it was cached or filed in the index.
   block->sequence = next_sequence++;
   live.insert_reserved(block->addr, block);
-  if (observer != nullptr) observe_allocation(pool, block);
+  if (observer != nullptr) observe_allocation(pool, block, peaks);
+  block->handed_out = true;
   return reinterpret_cast<void*>(block->addr);
 }
 

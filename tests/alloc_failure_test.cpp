@@ -235,9 +235,11 @@ class ThrowingObserver final : public AllocatorObserver {
   bool armed = false;
   int allocations = 0;
   int frees = 0;
-  void on_allocate(Block&) override {
+  const void* refused = nullptr;  // the address of the block it threw for
+  void on_allocate(Block& block) override {
     if (armed) {
       armed = false;
+      refused = block.ptr();
       throw std::bad_alloc();
     }
     ++allocations;
@@ -248,22 +250,30 @@ class ThrowingObserver final : public AllocatorObserver {
 
 // The observer hears of a block after it was taken and entered in the
 // pointer table: if it throws, the block goes back, on the steady-state path
-// (an untagged request the quick cache serves) and on the general path (a
-// tagged one).
+// (an untagged request) and on the general path (a tagged one), for a
+// request the block just freed serves (512 bytes) and one it does not
+// (1 MiB, split off memory never handed out). The pool's
+// counters and peaks are as before, memory never handed out is not taken
+// for a double free, and the next request gets the same block.
 TEST_CASE("a block goes back to the pool when the observer throws", "[alloc-failure]") {
   auto a = testing::make_allocator(testing::host_runtime());
   ThrowingObserver observer;
   AllocatorAccess::impl(*a).observer = &observer;
-  void* cached = *a->allocate(512, 0, kDefaultStream);
-  REQUIRE_OK(a->deallocate(cached));
   const bool tagged = GENERATE(false, true);
-  INFO((tagged ? "general path (a tagged request)" : "steady-state path"));
+  const bool reused = GENERATE(true, false);
+  const std::size_t bytes = reused ? 512 : std::size_t{1} << 20;
+  INFO((tagged ? "general path (a tagged request)" : "steady-state path") << ", " << bytes
+                                                                          << " bytes");
+  // A segment first (kept), so that the request only takes a block: a
+  // block just freed (reused), or a split of memory never handed out.
+  void* held = *a->allocate(512, 0, kDefaultStream);
+  if (reused) REQUIRE_OK(a->deallocate(*a->allocate(512, 0, kDefaultStream)));
   AllocOptions options;
   if (tagged) options.tag = "tagged";
   const AllocatorStats before = *a->stats(0);
   const int observed = observer.allocations;
   observer.armed = true;
-  auto failed = a->allocate(512, 0, kDefaultStream, options);
+  auto failed = a->allocate(bytes, 0, kDefaultStream, options);
   REQUIRE_FALSE(failed.ok());
   CHECK(failed.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(observer.allocations == observed);
@@ -271,11 +281,21 @@ TEST_CASE("a block goes back to the pool when the observer throws", "[alloc-fail
   AllocatorStats merged = before;
   merged.free_blocks = after.free_blocks;  // the block may come back merged
   CHECK(testing::same_state(merged, after));
+  CHECK(after.allocated_bytes.peak == before.allocated_bytes.peak);
+  CHECK(after.requested_bytes.peak == before.requested_bytes.peak);
+  CHECK(after.allocated_blocks.peak == before.allocated_blocks.peak);
   REQUIRE_OK(a->CheckInvariants());
-  auto p = a->allocate(512, 0, kDefaultStream, options);
+  REQUIRE(observer.refused != nullptr);
+  if (!reused) {
+    const absl::Status never = a->deallocate(const_cast<void*>(observer.refused));
+    INFO(never.ToString());
+    CHECK(never.code() == absl::StatusCode::kNotFound);
+  }
+  auto p = a->allocate(bytes, 0, kDefaultStream, options);
   REQUIRE_OK(p);
-  CHECK(*p == cached);
+  CHECK(*p == observer.refused);
   REQUIRE_OK(a->deallocate(*p));
+  REQUIRE_OK(a->deallocate(held));
   REQUIRE_OK(a->CheckInvariants());
   AllocatorAccess::impl(*a).observer = nullptr;
 }
