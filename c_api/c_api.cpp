@@ -91,11 +91,7 @@ capalloc_status with_allocator(Body&& body) noexcept {
       [&](const capalloc::detail::GlobalCapalloc& g) { return body(*g.allocator); });
 }
 
-// The process-wide allocator, once capalloc_torch_malloc has found it usable
-// for PyTorch's tensors (a GPU runtime, or host memory asked for on
-// purpose); null before. The allocator is never destroyed, so the torch
-// entry points use it without going through global_capalloc() again.
-std::atomic<capalloc::Allocator*> torch_allocator{nullptr};
+using capalloc::detail::torch_allocator;
 
 capalloc::StreamHandle as_stream(void* stream) {
   return reinterpret_cast<capalloc::StreamHandle>(stream);
@@ -137,7 +133,6 @@ capalloc::StreamHandle as_stream(void* stream) {
       // Once: note_torch_allocator takes the torch pools' lock, and this
       // path runs for every allocation while a pool begin is underway.
       if (torch_allocator.load(std::memory_order_acquire) == nullptr) {
-        torch_allocator.store(g.allocator, std::memory_order_release);
         capalloc::detail::note_torch_allocator(g.allocator);
       }
       // A capture that a PyTorch pool's filter accepts allocates into that

@@ -56,15 +56,20 @@ capalloc_status with_global(Body&& body) noexcept {
 // always 0, so that capalloc_torch_malloc's routing costs one load.
 // Changed only under the torch pools' lock.
 extern std::atomic<int> torch_begins_underway;
-// The allocator capalloc_torch_malloc found usable for PyTorch's tensors,
-// while no PyTorch pool begin is underway on any device; null before the
-// first call and while a begin is underway (there may be a capture to
-// route). The torch entry point's steady-state path reads only this
-// pointer: one load and one test. Published under the torch pools' lock,
-// with torch_begins_underway (torch_pools.cpp).
-extern std::atomic<Allocator*> torch_unrouted_allocator;
-// Records `a` as the allocator the torch entry points use, and publishes it
-// as torch_unrouted_allocator unless a begin is underway.
+// The process-wide allocator, once capalloc_torch_malloc has found it
+// usable for PyTorch's tensors (a GPU runtime, or host memory asked for on
+// purpose); null before. It is never destroyed, so the torch entry points
+// use it without going through global_capalloc() again.
+extern CAPALLOC_INTERNAL std::atomic<Allocator*> torch_allocator;
+// torch_allocator while no PyTorch pool begin is underway on any device;
+// null while one is (there may be a capture to route). The torch entry
+// point's steady-state path reads only this pointer: one load and one test.
+// Published under the torch pools' lock, with torch_begins_underway
+// (torch_pools.cpp). Both hidden: one PC-relative load, not one through
+// the GOT, on the torch entry points.
+extern CAPALLOC_INTERNAL std::atomic<Allocator*> torch_unrouted_allocator;
+// Sets torch_allocator to `a`, and publishes it as torch_unrouted_allocator
+// unless a begin is underway.
 void note_torch_allocator(Allocator* a);
 absl::Status route_torch_capture_underway(const GlobalCapalloc& g, int device, void* stream);
 

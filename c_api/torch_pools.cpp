@@ -87,12 +87,10 @@ bool strict_refuses(const CaptureTracker& tracker, const Finding& f) {
 }  // namespace
 
 constinit std::atomic<int> torch_begins_underway{0};
+constinit std::atomic<Allocator*> torch_allocator{nullptr};
 constinit std::atomic<Allocator*> torch_unrouted_allocator{nullptr};
 
 namespace {
-
-// The allocator note_torch_allocator recorded; under torch_pools().mu.
-Allocator* torch_usable_allocator = nullptr;
 
 // A begin is now underway: no steady-state path until every one has ended.
 // Requires torch_pools().mu.
@@ -105,7 +103,8 @@ void torch_begin_underway() {
 // torch_pools().mu.
 void torch_begin_ended() {
   if (torch_begins_underway.fetch_sub(1, std::memory_order_release) == 1) {
-    torch_unrouted_allocator.store(torch_usable_allocator, std::memory_order_release);
+    torch_unrouted_allocator.store(torch_allocator.load(std::memory_order_acquire),
+                                   std::memory_order_release);
   }
 }
 
@@ -113,7 +112,7 @@ void torch_begin_ended() {
 
 void note_torch_allocator(Allocator* a) {
   std::lock_guard lock(torch_pools().mu);
-  torch_usable_allocator = a;
+  torch_allocator.store(a, std::memory_order_release);
   if (torch_begins_underway.load(std::memory_order_acquire) == 0) {
     torch_unrouted_allocator.store(a, std::memory_order_release);
   }
