@@ -26,13 +26,19 @@
 #                        run, compared field by field
 #   gemm-scenario        the same for `capalloc gemm-scenario --json`
 #   torch-arms           seed 003's four arms in PyTorch with capalloc
-#                        installed through CUDAPluggableAllocator
+#                        installed through CUDAPluggableAllocator; every
+#                        graph's findings checked against its replay
 #   torch-native-capture a graph PyTorch captures natively: the tracker's
 #                        findings and evidence, checked against a replay
 #   torch-shim           the PyTorch shim built here: record_stream,
 #                        empty_cache, pool sharing and release reach capalloc;
 #                        strict mode raises at the end of a capture with a hazard
+#   torch-arms-shim      the same through the shim: arm D's captures share a
+#                        pool, as in the seed
 #   gemm-vs-cublas       the split-K GEMM against cuBLAS, seed 003's shapes
+#   bench-gpu            `capalloc bench`'s GPU columns (capalloc on cuda,
+#                        cudaMallocAsync, PyTorch) on a churn trace; a skipped
+#                        column fails
 #
 # A step that cannot run here (no PyTorch, no cuBLAS, no source tree) exits
 # 77 and is marked SKIP with its reason, never PASS. A step past its limit is
@@ -52,7 +58,7 @@ only=""
 only_given=0
 keep_logs=0
 all_steps=(nvidia-smi bundle-fresh bundle-loads gpu-tests arms gemm-scenario torch-arms
-           torch-native-capture torch-shim gemm-vs-cublas bench-gpu)
+           torch-native-capture torch-shim torch-arms-shim gemm-vs-cublas bench-gpu)
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
@@ -265,6 +271,15 @@ run_torch_arms() {
   CAPALLOC_RUNTIME=cuda "$python" "$py/seed003_arms_torch.py"
 }
 
+# The same arms through the shim: PyTorch's pool handle reaches capalloc, so
+# arm D's two captures share one pool as in the seed. Runs after torch-shim,
+# whose build it finds in the shim cache.
+run_torch_arms_shim() {
+  torch_ready || return $?
+  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="${TMPDIR:-/tmp}/capalloc-shim-cache" \
+    "$python" "$py/seed003_arms_torch.py" --route shim
+}
+
 run_torch_native_capture() {
   torch_ready || return $?
   CAPALLOC_RUNTIME=cuda "$python" "$py/torch_native_capture.py"
@@ -289,7 +304,15 @@ run_bench_gpu() {
   dir="$(mktemp -d)"
   "$python" "$tree/tools/trace/gen_traces.py" churn --allocs 20000 --out "$dir/churn.jsonl" || return 1
   CAPALLOC_TORCH_REPLAY="$tree/tools/trace/torch_replay.py" "$bin/capalloc" bench --repetitions 2 \
-    --allocators capalloc,capalloc-cuda,cudaMallocAsync,torch "$dir/churn.jsonl"
+    --allocators capalloc,capalloc-cuda,cudaMallocAsync,torch "$dir/churn.jsonl" | tee "$dir/table.txt"
+  local rc=${PIPESTATUS[0]}
+  ((rc == 0)) || { echo "result: capalloc bench exited $rc"; return 1; }
+  # A GPU column that was skipped is a failure here: this step exists for them.
+  if grep -q ' skipped: ' "$dir/table.txt"; then
+    echo "result: $(grep -c ' skipped: ' "$dir/table.txt") GPU column(s) skipped: $(grep -m1 ' skipped: ' "$dir/table.txt" | sed 's/^ *//')"
+    return 1
+  fi
+  echo "result: churn trace, ns/op median: $(awk '$1 ~ /^(capalloc|capalloc-cuda|cudaMallocAsync|torch)$/ {printf "%s%s %s", sep, $1, $2; sep=", "}' "$dir/table.txt")"
 }
 
 run_gemm_vs_cublas() {
@@ -302,9 +325,11 @@ run_gemm_vs_cublas() {
 }
 
 export bundle tree logs bin py python
-export -f compare_with_host torch_ready cublas_dirs run_nvidia_smi run_bundle_fresh \
-  run_bundle_loads run_gpu_tests run_torch_arms run_torch_native_capture run_torch_shim \
-  run_gemm_vs_cublas
+# Each step runs its function in a fresh bash (run_limited), which sees only
+# exported functions: export every function defined above, so a new step
+# cannot be forgotten here (bench-gpu's first GPU run failed that way).
+mapfile -t defined_functions < <(declare -F | awk '{print $3}')
+export -f "${defined_functions[@]}"
 echo "gpu-check.sh: bundle $bundle, output $out, steps: ${wanted[*]}"
 step nvidia-smi 15 run_nvidia_smi
 step bundle-fresh 15 run_bundle_fresh
@@ -315,8 +340,9 @@ step gemm-scenario 40 compare_with_host gemm-scenario gemm-scenario
 step torch-arms 60 run_torch_arms
 step torch-native-capture 45 run_torch_native_capture
 step torch-shim 100 run_torch_shim
+step torch-arms-shim 60 run_torch_arms_shim
 step gemm-vs-cublas 45 run_gemm_vs_cublas
-step bench-gpu 40 run_bench_gpu
+step bench-gpu 60 run_bench_gpu
 
 gpu_line="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
 {

@@ -2,16 +2,31 @@
 """Seed 003's four arms in PyTorch, with capalloc installed as the CUDA allocator.
 
 The arms are the seed's pure-PyTorch script (N = 262144 float32, canary
-1234.5). capalloc knows nothing but malloc and free here, as in any PyTorch
-process: it routes each capture's allocations into a graph pool by capture id
-and checks footprint write records. Per arm this prints the tracker's findings
-before any replay (capalloc.check() right after the capture) and the replay
-outcome, and exits 0 when everything matches the seed.
+1234.5). Each arm's verdict is checked against what replay really does, graph
+by graph: capalloc.check() runs right after the captures, before any replay;
+then every graph of the arm is replayed onto a fresh canary, and a graph must
+have a finding naming WS as its victim exactly when its replay changes WS.
+On top of that, each arm's outcome must be the seed's for the route:
 
-    CAPALLOC_LIBRARY=build/libcapalloc.so python3 tools/python/seed003_arms_torch.py
+  --route pluggable (default)  plain CUDAPluggableAllocator: capalloc sees
+      malloc and free only, not PyTorch's pool handle, so it gives every
+      capture a graph pool of its own (by capture id). Arms A, B and C are
+      the seed's; in arm D the second capture cannot reuse the first one's
+      freed block, so graph 1 leaves WS alone (alias False) and only graph 2,
+      whose own temporary V shares WS's address, writes it (15.0).
+  --route shim   capalloc's C++ shim (built here): PyTorch's pool handle
+      reaches capalloc, both captures of arm D share one pool, and arm D is
+      the seed's: WS takes graph 1's freed T, graph 1 writes 6.0 and graph 2
+      writes 15.0, both reported before the first replay.
+
+Exit status: 0 when every arm matches, 1 otherwise, 77 when PyTorch with CUDA
+is missing or (--route shim) the shim cannot be built here.
+
+    CAPALLOC_LIBRARY=build/libcapalloc.so python3 tools/python/seed003_arms_torch.py [--route shim]
 
 Needs a CUDA (or ROCm) GPU and PyTorch; run by tools/gpu-check.sh.
 """
+import argparse
 import os
 import sys
 
@@ -24,126 +39,184 @@ for _d in (_here, os.path.join(_here, "..", "..", "python")):
         break
 import capalloc  # noqa: E402
 
-# Plain CUDAPluggableAllocator (malloc and free only): the route this script
-# checks; tools/gpu/torch_shim_check.py checks the shim's.
-capalloc.install(use_shim=False)  # before the first CUDA allocation of the process
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("--route", choices=("pluggable", "shim"), default="pluggable")
+ROUTE = parser.parse_args().route
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError as e:
+    print(f"result: skipped: PyTorch is not importable ({e})")
+    sys.exit(77)
+if not torch.cuda.is_available():
+    print("result: skipped: PyTorch sees no CUDA device")
+    sys.exit(77)
+
+# Before the first CUDA allocation of the process.
+if ROUTE == "shim":
+    from capalloc import _shim_build  # noqa: E402
+    try:
+        capalloc.install(use_shim=True)
+    except _shim_build.ShimBuildError as e:
+        print(f"result: skipped: the shim cannot be built here: {e}")
+        sys.exit(77)
+else:
+    capalloc.install(use_shim=False)
+print(f"route: {capalloc.active_hooks()['route']}")
 
 N, CANARY = 1 << 18, 1234.5
 dev = "cuda"
 results = []
 
 
+def captures():
+    """The capture ids of the graphs the tracker holds now."""
+    return {g["capture"] for g in capalloc.snapshot()["graphs"]}
 
-def report(arm, alias, findings, outcome, expected):
-    ok = expected
+
+def captured(graph, pool, stream, body):
+    """Captures body() into graph; returns (its capture id, what body returned)."""
+    before = captures()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = body()
+    new = captures() - before
+    if len(new) != 1:
+        raise SystemExit(f"expected one new graph record after the capture, found {sorted(new)}")
+    return new.pop(), out
+
+
+def replay_onto_canary(graph, ws, times=1):
+    """Fills ws with the canary, replays graph, returns (changed elements, ws[0])."""
+    ws.fill_(CANARY)
+    torch.cuda.synchronize()
+    for _ in range(times):
+        graph.replay()
+    torch.cuda.synchronize()
+    return int((ws != CANARY).sum()), ws[0].item()
+
+
+def report(arm, alias, ws, findings, replays, expected):
+    """replays: [(name, capture id, changed, value)]. Checks the truth rule
+    (a finding about WS from a graph exactly when its replay changed WS) and
+    the route's expected outcome."""
+    ws_ptr = hex(ws.data_ptr())
+    about_ws = [f for f in findings if f.victim["ptr"] == ws_ptr]
     print(f"\narm {arm}: alias={alias}")
-    print(f"  findings before replay: {len(findings)}")
-    for f in findings:
+    print(f"  findings about WS before any replay: {len(about_ws)}")
+    for f in about_ws:
         print(f"    {f}")
-    print(f"  replay: {outcome}")
-    print(f"  expected -> {'match' if ok else 'MISMATCH'}")
+    truthful = True
+    for name, capture, changed, value in replays:
+        reported = any(f.capture == capture for f in about_ws)
+        agrees = reported == (changed > 0)
+        truthful &= agrees
+        print(f"  replay {name} (capture {capture}): {changed}/{N} changed, WS[0] = {value};"
+              f" reported: {reported} -> {'agrees' if agrees else 'DISAGREES'}")
+    unreplayed = {f.capture for f in about_ws} - {c for _, c, _, _ in replays}
+    if unreplayed:
+        truthful = False
+        print(f"  findings from captures this arm did not replay: {sorted(unreplayed)}")
+    ok = truthful and expected
+    print(f"  verdict vs replay: {'truthful' if truthful else 'WRONG'};"
+          f" seed 003 on the {ROUTE} route: {'match' if expected else 'MISMATCH'}")
     results.append(ok)
 
 
 def arm_a():
     pool, g, s = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph(), torch.cuda.Stream()
     src = torch.full((N,), 3.0, device=dev)
-    with torch.cuda.graph(g, pool=pool, stream=s):
+
+    def body():
         T = src * 2.0
         t_ptr = T.data_ptr()
         sink = T.sum()
         del T
-        WS = torch.empty(N, device=dev)
+        return t_ptr, sink, torch.empty(N, device=dev)
+    cap, (t_ptr, sink, WS) = captured(g, pool, s, body)
     alias = t_ptr == WS.data_ptr()
     findings = capalloc.check()
-    WS.fill_(CANARY); torch.cuda.synchronize()
-    g.replay(); torch.cuda.synchronize()
-    clobbered = int((WS != CANARY).sum())
-    value = WS[0].item()
-    report("A", alias, findings, f"{clobbered}/{N} clobbered, value {value}",
-           alias and clobbered == N and value == 6.0 and len(findings) > 0)
-    del sink
+    changed, value = replay_onto_canary(g, WS)
+    report("A", alias, WS, findings, [("graph", cap, changed, value)],
+           alias and changed == N and value == 6.0)
 
 
 def arm_b():
     pool, g, s = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph(), torch.cuda.Stream()
     src = torch.full((N,), 3.0, device=dev)
     WS = torch.empty(N, device=dev)
-    before = len(capalloc.check())
-    with torch.cuda.graph(g, pool=pool, stream=s):
+
+    def body():
         T = src * 2.0
         sink = T.sum()
         del T
-    findings = capalloc.check()[before:]
-    WS.fill_(CANARY); torch.cuda.synchronize()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    clobbered = int((WS != CANARY).sum())
-    ws_findings = [f for f in findings if f.victim["ptr"] == hex(WS.data_ptr())]
-    report("B", False, ws_findings, f"5 replays, {clobbered}/{N} clobbered",
-           clobbered == 0 and not ws_findings)
-    del sink
+        return sink
+    cap, sink = captured(g, pool, s, body)
+    findings = capalloc.check()
+    changed, value = replay_onto_canary(g, WS, times=5)
+    report("B", False, WS, findings, [("graph x5", cap, changed, value)], changed == 0)
 
 
 def arm_c():
     pool, s = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
     src = torch.full((N,), 3.0, device=dev)
-    g1 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g1, pool=pool, stream=s):
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+
+    def body1():
         T = src * 2.0
         s1 = T.sum()
         del T
-        WS = torch.empty(N, device=dev)
-    g2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g2, pool=pool, stream=s):
+        return s1, torch.empty(N, device=dev)
+    cap1, (s1, WS) = captured(g1, pool, s, body1)
+
+    def body2():
         U = src * 7.0
         u_ptr = U.data_ptr()
         s2 = U.sum()
         del U
+        return u_ptr, s2
+    cap2, (u_ptr, s2) = captured(g2, pool, s, body2)
     alias = u_ptr == WS.data_ptr()
-    ws_ptr = hex(WS.data_ptr())
-    findings = [f for f in capalloc.check() if f.victim["ptr"] == ws_ptr]
-    WS.fill_(CANARY); torch.cuda.synchronize()
-    g2.replay(); torch.cuda.synchronize()
-    clobbered = int((WS != CANARY).sum())
-    report("C", alias, findings, f"after graph 2's replay {clobbered}/{N} clobbered",
-           not alias and clobbered == 0 and len(findings) > 0)
-    del s1, s2
+    findings = capalloc.check()
+    changed2, value2 = replay_onto_canary(g2, WS)
+    changed1, value1 = replay_onto_canary(g1, WS)
+    report("C", alias, WS, findings,
+           [("graph 2", cap2, changed2, value2), ("graph 1", cap1, changed1, value1)],
+           not alias and changed2 == 0)
 
 
 def arm_d():
     pool, s = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
     src = torch.full((N,), 3.0, device=dev)
-    g1 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g1, pool=pool, stream=s):
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+
+    def body1():
         T = src * 2.0
         t_ptr = T.data_ptr()
         s1 = T.sum()
         del T
-    g2 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g2, pool=pool, stream=s):
+        return t_ptr, s1
+    cap1, (t_ptr, s1) = captured(g1, pool, s, body1)
+
+    def body2():
         V = src * 5.0
         s2 = V.sum()
         del V
-        WS = torch.empty(N, device=dev)
+        return s2, torch.empty(N, device=dev)
+    cap2, (s2, WS) = captured(g2, pool, s, body2)
     alias = t_ptr == WS.data_ptr()
-    ws_ptr = hex(WS.data_ptr())
-    findings = [f for f in capalloc.check() if f.victim["ptr"] == ws_ptr]
-    WS.fill_(CANARY); torch.cuda.synchronize()
-    g1.replay(); torch.cuda.synchronize()
-    v1 = WS[0].item()
-    WS.fill_(CANARY); torch.cuda.synchronize()
-    g2.replay(); torch.cuda.synchronize()
-    v2 = WS[0].item()
-    report("D", alias, findings, f"replay graph 1 -> {v1}, graph 2 -> {v2}",
-           alias and v1 == 6.0 and v2 == 15.0 and len(findings) > 0)
-    del s1, s2
+    findings = capalloc.check()
+    changed1, v1 = replay_onto_canary(g1, WS)
+    changed2, v2 = replay_onto_canary(g2, WS)
+    if ROUTE == "shim":   # one shared pool: the seed's cross-capture alias
+        expected = alias and v1 == 6.0 and v2 == 15.0
+    else:                 # a pool per capture: graph 1 cannot reach WS
+        expected = not alias and changed1 == 0 and v2 == 15.0
+    report("D", alias, WS, findings,
+           [("graph 1", cap1, changed1, v1), ("graph 2", cap2, changed2, v2)], expected)
 
 
 for arm in (arm_a, arm_b, arm_c, arm_d):
     arm()
-print(f"\nevery arm matches seed 003: {'yes' if all(results) else 'NO'}")
+verdict = "yes" if all(results) else "NO"
+print(f"\nresult: {ROUTE} route: every arm's findings agree with its replays and match seed 003: {verdict}")
 sys.exit(0 if all(results) else 1)
