@@ -103,6 +103,14 @@ def main():
             check(r["status"] == "ok" and positive(r["ir_per_pair"]) and positive(r["ir_per_alloc"])
                   and positive(r["ir_per_free"]), "--callgrind: %s" % r)
 
+    # --allocators takes one comma-separated value: the traces after it stay
+    # traces (they were once taken as allocator names).
+    run = subprocess.run([capalloc, "bench", "--json", "--allocators", "capalloc", paths[1], paths[2]],
+                         capture_output=True, text=True)
+    check(run.returncode == 0, "--allocators before two traces exited %d: %s" % (run.returncode, run.stderr))
+    if run.returncode == 0:
+        check(len(json.loads(run.stdout)["traces"]) == 2, "--allocators before two traces: both replayed")
+
     # The PyTorch replay says whether it can run here (exit 0) or why not.
     run = subprocess.run([sys.executable, TORCH_REPLAY, "--check"], capture_output=True, text=True)
     check(run.returncode == 0 or ("PyTorch" in run.stderr and run.returncode == 1),

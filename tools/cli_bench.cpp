@@ -557,9 +557,12 @@ void add_bench_command(CLI::App& app, Runner& run) {
                       "rounds: each allocator replays each trace once per round, in a fresh process")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  // One comma-separated value: a space-separated list would swallow the
+  // traces that follow the option.
   command->add_option("--allocators", flags->allocators, "comma-separated, from: capalloc, naive, "
-                      "glibc, jemalloc, mimalloc, tcmalloc")
+                      "glibc, jemalloc, mimalloc, tcmalloc, capalloc-cuda, cudaMallocAsync, torch")
       ->delimiter(',')
+      ->allow_extra_args(false)
       ->check(CLI::IsMember(bench::kAllocators))
       ->capture_default_str();
   command->add_flag("--callgrind", flags->callgrind,
