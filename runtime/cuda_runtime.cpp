@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "capalloc/runtime.hpp"
 #include "runtime/cuda_api.hpp"
+#include "runtime/declared_accesses.hpp"
 #include "runtime/gpu_graph_impl.hpp"
 #include "runtime/gpu_runtime.hpp"
 #include "runtime/gpu_runtime_impl.hpp"
@@ -189,10 +190,11 @@ absl::Status CudaApi::read_kernel_pointer_params(cudaGraphNode_t node,
           driver_error(d, r,
                        params.func != nullptr ? "cuFuncGetParamInfo" : "cuKernelGetParamInfo")));
     }
-    if (size != sizeof(std::uint64_t) || params.kernelParams[index] == nullptr) continue;
-    std::uint64_t value = 0;
-    std::memcpy(&value, params.kernelParams[index], sizeof value);
-    if (value != 0) out.push_back(static_cast<std::uintptr_t>(value));
+    if (params.kernelParams[index] == nullptr) continue;
+    // Every word of the parameter, not only 8-byte parameters: structs by
+    // value carry pointers too (the first GPU run missed every clobber of
+    // PyTorch's elementwise kernels, whose pointers travel in a struct).
+    append_pointer_words(params.kernelParams[index], size, out);
   }
   return absl::OkStatus();
 }

@@ -55,9 +55,10 @@ enum class GpuNodeKind {
 //     the edges of a graph that order execution, as (from, to) pairs; edges
 //     that order nothing (CUDA's programmatic edges) are left out.
 //   absl::Status read_kernel_pointer_params(GraphNode, std::vector<std::uintptr_t>& out):
-//     the values of a kernel node's pointer-sized (8-byte) parameters, as
-//     candidate pointers; kUnimplemented when the runtime or driver cannot
-//     read a kernel's parameter layout.
+//     candidate pointers of a kernel node: every nonzero 8-byte-aligned word
+//     of each parameter (append_pointer_words in declared_accesses.hpp), so
+//     pointers inside structs count; kUnimplemented when the runtime or
+//     driver cannot read a kernel's parameter layout.
 
 }  // namespace capalloc::detail
 

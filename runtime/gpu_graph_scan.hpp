@@ -187,12 +187,16 @@ absl::StatusOr<std::vector<GraphWrite>> accesses_of(
   std::vector<GraphWrite> writes = declared;
   GraphScan<Api> scan{.covered = covered};
   CAPALLOC_RETURN_IF_ERROR(scan_graph<Api>(graph, nullptr, 0, scan, writes));
-  if (scan.skipped > 0 && scan.inspected_kernels == 0) {
+  // One node that may write and could not be read makes the list incomplete:
+  // a record built from the others would miss that node's clobbers, so the
+  // tracker falls back to footprint writes for the whole graph. (Before the
+  // first GPU run this fell back only when no kernel at all was inspected.)
+  if (scan.skipped > 0) {
     return absl::UnimplementedError(absl::StrFormat(
-        "graph_writes(%s): kernel parameters cannot be inspected by the %s runtime: %d "
-        "node(s) may write memory that cannot be read back (first: %s; %d uncovered kernel "
-        "node(s), none inspected); use footprint writes",
-        name, Api::kName, scan.skipped, scan.first_skip, scan.uncovered_kernels));
+        "graph_writes(%s): %d node(s) may write memory the %s runtime cannot read back "
+        "(first: %s; %d of %d uncovered kernel node(s) inspected); use footprint writes",
+        name, scan.skipped, Api::kName, scan.first_skip, scan.inspected_kernels,
+        scan.uncovered_kernels));
   }
   std::stable_sort(writes.begin(), writes.end(), [](const GraphWrite& a, const GraphWrite& b) {
     return a.position < b.position;

@@ -583,10 +583,13 @@ TEST_CASE("gpu capture: the allocator reserves during a global capture without i
 
 #if defined(CAPALLOC_TEST_CUDA_KERNELS)
 // tests/gpu_test_kernels.cu.
+extern "C" int capalloc_test_scale_f32_struct(void* stream, float* dst, const float* src,
+                                              int count, float factor);
 extern "C" int capalloc_test_fill_f32(void* stream, float* dst, unsigned long long count,
                                       float value);
 
-TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch declared them",
+TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch declared them, "
+          "pointers inside by-value structs included",
           "[gpu][capture][inspect]") {
   if (g_runtime != "cuda") {
     WARN("the test kernel is a CUDA kernel; the " << g_runtime << " runtime skips this case");
@@ -613,6 +616,11 @@ TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch de
                : absl::InternalError("capalloc_test_fill_f32 failed");
   };
   REQUIRE_OK(rt->launch_kernel(s, k));
+  // Natively, its pointers inside a struct passed by value (as PyTorch's
+  // elementwise kernels pass theirs): both must be seen.
+  auto* scaled = static_cast<float*>(offset(seg, seg_bytes / 4));
+  REQUIRE(capalloc_test_scale_f32_struct(reinterpret_cast<void*>(s), scaled, native_fill,
+                                         static_cast<int>(kCount), 4.0f) == 0);
   auto graph = rt->end_capture(s);
   REQUIRE_OK(graph);
 
@@ -634,11 +642,22 @@ TEST_CASE("gpu capture (cuda): kernel nodes are inspected unless their launch de
   CHECK(std::none_of(writes->begin(), writes->end(), [&](const GraphWrite& w) {
     return w.evidence == WriteEvidence::kInspected && w.span.ptr == declared_fill;
   }));
+  for (const void* in_struct : {static_cast<const void*>(scaled),
+                                 static_cast<const void*>(native_fill)}) {
+    CAPTURE(in_struct);
+    const auto touch = std::find_if(writes->begin(), writes->end(), [&](const GraphWrite& w) {
+      return w.span.ptr == in_struct && w.position == 2 && w.mode == AccessMode::kTouch &&
+             w.evidence == WriteEvidence::kInspected;
+    });
+    CHECK(touch != writes->end());
+  }
 
   REQUIRE_OK(rt->launch_graph(*graph, s));
   REQUIRE_OK(rt->synchronize_stream(s));
   const auto a = to_host<float>(*rt, native_fill, kCount, s);
   const auto b = to_host<float>(*rt, declared_fill, kCount, s);
+  const auto c = to_host<float>(*rt, scaled, kCount, s);
+  CHECK(std::all_of(c.begin(), c.end(), [](float v) { return v == 6.0f; }));
   CHECK(std::all_of(a.begin(), a.end(), [](float v) { return v == 1.5f; }));
   CHECK(std::all_of(b.begin(), b.end(), [](float v) { return v == 2.5f; }));
   REQUIRE_OK(rt->destroy_graph(*graph));
