@@ -153,8 +153,12 @@ absl::StatusOr<CaptureResult> CaptureTracker::end_capture(StreamHandle stream) {
 
   CaptureResult result;
   result.graph = *graph;
-  result.new_findings =
-      m.finish_capture(capture, *graph, m.runtime->graph_writes(*graph), m.order_of(*graph));
+  auto writes = m.runtime->graph_writes(*graph);
+  if (!writes.ok()) {
+    detail::log().info("capture {}: its graph's accesses cannot be read ({}); footprint evidence",
+                       capture.id, std::string(writes.status().message()));
+  }
+  result.new_findings = m.finish_capture(capture, *graph, writes, m.order_of(*graph));
   return result;
 }
 

@@ -142,10 +142,25 @@ GpuNodeKind CudaApi::classify_node(cudaGraphNodeType type) {
       return GpuNodeKind::kMemcpy;
     case cudaGraphNodeTypeGraph:
       return GpuNodeKind::kChildGraph;
-    case cudaGraphNodeTypeConditional:  // bodies hold nodes of their own
-      return GpuNodeKind::kOpaqueWriter;
-    default:
+    // Nodes known to write no device memory: host functions (they run on
+    // the CPU), no-ops, event and external-semaphore nodes, and the graph's
+    // own allocation and free nodes.
+    case cudaGraphNodeTypeHost:
+    case cudaGraphNodeTypeEmpty:
+    case cudaGraphNodeTypeWaitEvent:
+    case cudaGraphNodeTypeEventRecord:
+    case cudaGraphNodeTypeExtSemaphoreSignal:
+    case cudaGraphNodeTypeExtSemaphoreWait:
+    case cudaGraphNodeTypeMemAlloc:
+    case cudaGraphNodeTypeMemFree:
       return GpuNodeKind::kNoDeviceWrite;
+    // Every other node may write where this runtime cannot read: conditional
+    // nodes (their bodies hold nodes of their own), batched memory
+    // operations (captured cuStreamWriteValue*, type 12 of the driver API),
+    // and any type a newer driver adds. The graph then falls back to
+    // footprint writes instead of being taken as writing nothing there.
+    default:
+      return GpuNodeKind::kOpaqueWriter;
   }
 }
 

@@ -20,19 +20,20 @@
 //       contract; that is capture order within a stream, and approximates it
 //       across joined streams): memset
 //       and memcpy destinations are exact (evidence kInspected, op "memset" /
-//       "memcpy"); a kernel node's 8-byte parameters are candidate pointers,
-//       each reported as a write of unknown extent {ptr, 1} (evidence
-//       kInspected, op "kernel") that the tracker widens to the block it
-//       falls in (pointers inside by-value structs are not seen, and an
-//       8-byte integer is a candidate too); child graphs are walked, their
-//       writes at the parent node's position. Host nodes are taken to write
-//       no device memory.
-// Nodes that may write but cannot be read (a kernel whose parameter layout
-// the runtime or driver cannot give, HIP's 1D and symbol copies, CUDA's
-// conditional nodes) are skipped; if no uncovered kernel could be inspected
-// at all and something was skipped, graph_writes fails with kUnimplemented so
-// that the tracker falls back to footprint writes instead of trusting a
-// partial record.
+//       "memcpy"); every nonzero 8-byte-aligned word of a kernel node's
+//       parameters is a candidate pointer (pointers inside by-value structs
+//       included; an 8-byte integer is a candidate too), each reported as a
+//       write of unknown extent {ptr, 1} (evidence kInspected, op "kernel")
+//       that the tracker widens to the block it falls in; child graphs are
+//       walked, their writes at the parent node's position. Host, empty,
+//       event, external-semaphore and memory alloc/free nodes are taken to
+//       write no device memory.
+// Any other node that may write and cannot be read (a kernel whose parameter
+// layout the runtime or driver cannot give, HIP's 1D and symbol copies,
+// CUDA's conditional and batched memory-operation nodes, a node type this
+// code does not know) makes graph_writes fail with kUnimplemented, so that
+// the tracker falls back to footprint writes for the whole graph instead of
+// trusting a record that leaves that node out.
 #ifndef CAPALLOC_RUNTIME_GPU_GRAPH_IMPL_HPP_
 #define CAPALLOC_RUNTIME_GPU_GRAPH_IMPL_HPP_
 

@@ -76,12 +76,17 @@ GpuNodeKind HipApi::classify_node(hipGraphNodeType type) {
       return GpuNodeKind::kMemcpy;
     case hipGraphNodeTypeGraph:
       return GpuNodeKind::kChildGraph;
-    case hipGraphNodeTypeMemcpy1D:
-    case hipGraphNodeTypeMemcpyFromSymbol:
-    case hipGraphNodeTypeMemcpyToSymbol:
-      return GpuNodeKind::kOpaqueWriter;
-    default:
+    // Known to write no device memory: host functions, no-ops, events.
+    case hipGraphNodeTypeHost:
+    case hipGraphNodeTypeEmpty:
+    case hipGraphNodeTypeWaitEvent:
+    case hipGraphNodeTypeEventRecord:
       return GpuNodeKind::kNoDeviceWrite;
+    // Copies this runtime does not read (1D, to and from symbols), and any
+    // type a newer HIP adds: they may write, so the graph falls back to
+    // footprint writes.
+    default:
+      return GpuNodeKind::kOpaqueWriter;
   }
 }
 

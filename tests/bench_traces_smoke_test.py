@@ -111,6 +111,12 @@ def main():
     if run.returncode == 0:
         check(len(json.loads(run.stdout)["traces"]) == 2, "--allocators before two traces: both replayed")
 
+    # An allocator named twice is a usage error (it would be measured twice).
+    run = subprocess.run([capalloc, "bench", "--allocators", "capalloc,capalloc", paths[1]],
+                         capture_output=True, text=True)
+    check(run.returncode == 2 and "'capalloc' is named twice" in run.stderr,
+          "--allocators capalloc,capalloc: exit %d, %s" % (run.returncode, run.stderr))
+
     # The PyTorch replay says whether it can run here (exit 0) or why not.
     run = subprocess.run([sys.executable, TORCH_REPLAY, "--check"], capture_output=True, text=True)
     check(run.returncode == 0 or ("PyTorch" in run.stderr and run.returncode == 1),

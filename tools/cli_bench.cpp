@@ -568,7 +568,19 @@ void add_bench_command(CLI::App& app, Runner& run) {
   command->add_flag("--callgrind", flags->callgrind,
                     "instead of timing: instructions per operation under valgrind --tool=callgrind, "
                     "collecting the measured pass only");
-  command->callback([flags, &run] { run = [flags] { return bench::bench_command(*flags); }; });
+  command->callback([flags, &run] {
+    // One row per allocator: a name given twice would measure it twice and
+    // print a ratio of capalloc against itself that is not 1.
+    for (std::size_t i = 0; i < flags->allocators.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (flags->allocators[i] == flags->allocators[j]) {
+          throw CLI::ValidationError("--allocators",
+                                     "'" + flags->allocators[i] + "' is named twice");
+        }
+      }
+    }
+    run = [flags] { return bench::bench_command(*flags); };
+  });
 
   // The child each replay runs in; not listed in --help.
   CLI::App* replay = app.add_subcommand("bench-replay", "one replay of `capalloc bench`")->group("");

@@ -42,7 +42,8 @@
 #
 # A step that cannot run here (no PyTorch, no cuBLAS, no source tree) exits
 # 77 and is marked SKIP with its reason, never PASS. A step past its limit is
-# killed with its whole process group. Exit status: 0 when no step failed.
+# killed with its whole process group; a step not started because the run's
+# 290 s were spent FAILs. Exit status: 0 when no step failed.
 set -uo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -155,7 +156,9 @@ step() {
   local left=$((deadline - SECONDS)) status rc note t0=$SECONDS
   local log="$logs/$name.log"
   if ((left < 5)); then
-    status=SKIP rc=-1 note="not started: the run's 290 s were spent"
+    # A check that never ran proves nothing: it fails, so a run cut short
+    # cannot pass for a complete one.
+    status=FAIL rc=-1 note="not started: the run's 290 s were spent"; failed=1
   else
     ((limit > left)) && limit=$left
     echo "=== $name (limit ${limit}s)"
@@ -298,10 +301,13 @@ run_torch_shim() {
 # small generated churn trace. Needs the source tree for the generator and
 # the PyTorch replay script.
 run_bench_gpu() {
-  [[ -n "$python" ]] || { echo "no python3"; return 77; }
-  [[ -f "$tree/tools/trace/gen_traces.py" ]] || { echo "no source tree at $tree"; return 77; }
+  [[ -n "$python" ]] || { echo "result: skipped: no python3"; return 77; }
+  [[ -f "$tree/tools/trace/gen_traces.py" ]] || {
+    echo "result: skipped: no source tree at $tree (the trace generator and PyTorch replay live there)"
+    return 77; }
   local dir
   dir="$(mktemp -d)"
+  trap 'rm -rf "$dir"' RETURN
   "$python" "$tree/tools/trace/gen_traces.py" churn --allocs 20000 --out "$dir/churn.jsonl" || return 1
   CAPALLOC_TORCH_REPLAY="$tree/tools/trace/torch_replay.py" "$bin/capalloc" bench --repetitions 2 \
     --allocators capalloc,capalloc-cuda,cudaMallocAsync,torch "$dir/churn.jsonl" | tee "$dir/table.txt"

@@ -5,7 +5,10 @@ The arms are the seed's pure-PyTorch script (N = 262144 float32, canary
 1234.5). Each arm's verdict is checked against what replay really does, graph
 by graph: capalloc.check() runs right after the captures, before any replay;
 then every graph of the arm is replayed onto a fresh canary, and a graph must
-have a finding naming WS as its victim exactly when its replay changes WS.
+have a clobber finding naming WS as its victim exactly when its replay
+changes WS, its record must have the route's evidence (footprint on the
+plain route, inspected through the shim), and findings about other blocks
+are printed (these replays watch WS only).
 On top of that, each arm's outcome must be the seed's for the route:
 
   --route pluggable (default)  plain CUDAPluggableAllocator: capalloc sees
@@ -95,27 +98,53 @@ def replay_onto_canary(graph, ws, times=1):
     return int((ws != CANARY).sum()), ws[0].item()
 
 
+# The evidence each route's records must have: the plain route sees only
+# malloc and free; through the shim capalloc reads the captured graph.
+EXPECTED_EVIDENCE = {"pluggable": "footprint", "shim": "inspected"}
+
+
+def evidence_of(capture):
+    """The precision of the tracker's record of `capture` (None if none)."""
+    for g in capalloc.snapshot()["graphs"]:
+        if g["capture"] == capture:
+            return g["precision"]
+    return None
+
+
 def report(arm, alias, ws, findings, replays, expected):
     """replays: [(name, capture id, changed, value)]. Checks the truth rule
-    (a finding about WS from a graph exactly when its replay changed WS) and
-    the route's expected outcome."""
+    (a clobber finding about WS from a graph exactly when its replay changed
+    WS), the evidence the route must give, and the route's expected outcome.
+    Findings of the arm's captures about other blocks are printed: the
+    replays here watch WS only."""
     ws_ptr = hex(ws.data_ptr())
+    captures = {c for _, c, _, _ in replays}
     about_ws = [f for f in findings if f.victim["ptr"] == ws_ptr]
+    others = [f for f in findings if f.capture in captures and f.victim["ptr"] != ws_ptr]
     print(f"\narm {arm}: alias={alias}")
     print(f"  findings about WS before any replay: {len(about_ws)}")
     for f in about_ws:
-        print(f"    {f}")
+        print(f"    [{f.harm}] {f}")
     truthful = True
     for name, capture, changed, value in replays:
-        reported = any(f.capture == capture for f in about_ws)
-        agrees = reported == (changed > 0)
+        clobber = any(f.capture == capture and f.harm == "clobber" for f in about_ws)
+        agrees = clobber == (changed > 0)
         truthful &= agrees
-        print(f"  replay {name} (capture {capture}): {changed}/{N} changed, WS[0] = {value};"
-              f" reported: {reported} -> {'agrees' if agrees else 'DISAGREES'}")
-    unreplayed = {f.capture for f in about_ws} - {c for _, c, _, _ in replays}
+        evidence = evidence_of(capture)
+        evidence_ok = evidence == EXPECTED_EVIDENCE[ROUTE]
+        truthful &= evidence_ok
+        print(f"  replay {name} (capture {capture}, {evidence} evidence"
+              f"{'' if evidence_ok else ', want ' + EXPECTED_EVIDENCE[ROUTE]}): {changed}/{N}"
+              f" changed, WS[0] = {value}; clobber reported: {clobber}"
+              f" -> {'agrees' if agrees else 'DISAGREES'}")
+    unreplayed = {f.capture for f in about_ws} - captures
     if unreplayed:
         truthful = False
-        print(f"  findings from captures this arm did not replay: {sorted(unreplayed)}")
+        print(f"  findings about WS from captures this arm did not replay: {sorted(unreplayed)}")
+    if others:
+        print(f"  findings of these captures about other blocks (not checked by these replays):")
+        for f in others:
+            print(f"    [{f.harm}] {f}")
     ok = truthful and expected
     print(f"  verdict vs replay: {'truthful' if truthful else 'WRONG'};"
           f" seed 003 on the {ROUTE} route: {'match' if expected else 'MISMATCH'}")
