@@ -318,7 +318,7 @@ run_bench_gpu() {
     echo "result: $(grep -c ' skipped: ' "$dir/table.txt") GPU column(s) skipped: $(grep -m1 ' skipped: ' "$dir/table.txt" | sed 's/^ *//')"
     return 1
   fi
-  echo "result: churn trace, ns/op median: $(awk '$1 ~ /^(capalloc|capalloc-cuda|cudaMallocAsync|torch)$/ {printf "%s%s %s", sep, $1, $2; sep=", "}' "$dir/table.txt")"
+  echo "result: churn trace, ns/op median: $(awk '$1 ~ /^(capalloc|capalloc-cuda|cudaMallocAsync|torch)$/ && $2 ~ /^[0-9.]+$/ {printf "%s%s %s", sep, $1, $2; sep=", "}' "$dir/table.txt")"
 }
 
 run_gemm_vs_cublas() {
