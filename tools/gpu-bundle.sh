@@ -156,6 +156,7 @@ for elf in "$out"/lib/*; do patchelf --set-rpath '$ORIGIN' "$elf"; done
 # scripts that import it.
 mkdir -p "$out/python/capalloc"
 install -m 0644 "$repo_root/python/capalloc/__init__.py" "$repo_root/python/capalloc/_shim_build.py" \
+  "$repo_root/python/capalloc/_checks.py" \
   "$repo_root/python/capalloc/_torch_shim.cpp" "$out/python/capalloc/"
 install -m 0644 "$repo_root/tools/gpu/compare_verdicts.py" "$repo_root/tools/gpu/bundle_fresh.py" \
   "$out/python/"

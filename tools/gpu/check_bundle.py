@@ -78,6 +78,7 @@ def static_checks(bundle, max_mib):
     for want in ("bin/capalloc", "bin/gpu_runtime_test", "bin/capalloc_bench_gemm_cuda",
                  "lib/libcapalloc.so", "python/capalloc/__init__.py",
                  "python/capalloc/_shim_build.py", "python/capalloc/_torch_shim.cpp",
+                 "python/capalloc/_checks.py",
                  "python/seed003_arms_torch.py", "python/torch_native_capture.py",
                  "python/torch_shim_check.py", "python/compare_verdicts.py", "gpu-check.sh",
                  "MANIFEST.json"):

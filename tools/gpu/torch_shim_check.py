@@ -39,14 +39,9 @@ for _d in (_here, os.path.join(_here, "..", "..", "python")):
         break
 import capalloc  # noqa: E402
 
-try:
-    import torch
-except ImportError as e:
-    print(f"result: skipped: PyTorch is not importable ({e})")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("result: skipped: PyTorch sees no CUDA device")
-    sys.exit(77)
+from capalloc._checks import torch_with_cuda_or_skip  # noqa: E402
+
+torch = torch_with_cuda_or_skip()
 
 from capalloc import _shim_build  # noqa: E402
 

@@ -46,14 +46,9 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--route", choices=("pluggable", "shim"), default="pluggable")
 ROUTE = parser.parse_args().route
 
-try:
-    import torch  # noqa: E402
-except ImportError as e:
-    print(f"result: skipped: PyTorch is not importable ({e})")
-    sys.exit(77)
-if not torch.cuda.is_available():
-    print("result: skipped: PyTorch sees no CUDA device")
-    sys.exit(77)
+from capalloc._checks import torch_with_cuda_or_skip  # noqa: E402
+
+torch = torch_with_cuda_or_skip()
 
 # Before the first CUDA allocation of the process.
 if ROUTE == "shim":
