@@ -209,7 +209,8 @@ absl::Status CudaApi::read_kernel_pointer_params(cudaGraphNode_t node,
     // Every word of the parameter, not only 8-byte parameters: structs by
     // value carry pointers too (the first GPU run missed every clobber of
     // PyTorch's elementwise kernels, whose pointers travel in a struct).
-    append_pointer_words(params.kernelParams[index], size, out);
+    for_each_pointer_word(params.kernelParams[index], size,
+                          [&](std::uintptr_t word) { out.push_back(word); });
   }
   return absl::OkStatus();
 }

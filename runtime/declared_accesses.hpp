@@ -40,37 +40,35 @@ inline bool declares_accesses(const KernelLaunch& kernel) {
          !kernel.state.empty();
 }
 
-// Appends the nonzero 8-byte-aligned words of `bytes` bytes at `data` (one
-// kernel parameter, or a whole parameter buffer) to `out`: pointers passed by
-// value and pointers inside structs passed by value (PyTorch's elementwise
-// kernels take theirs in an array inside a struct). An integer that looks
-// like an address is a candidate too; the tracker keeps only candidates that
-// point into a block. A parameter starts at its own alignment, so a pointer
-// member sits at an 8-byte multiple from its start. Shared by the host
-// runtime's model and the cuda runtime's inspection, so both see the same
-// touches.
-inline void append_pointer_words(const void* data, std::size_t bytes,
-                                 std::vector<std::uintptr_t>& out) {
+// Calls visit(word) for each nonzero 8-byte-aligned word of `bytes` bytes at
+// `data` (one kernel parameter, or a whole parameter buffer): pointers passed
+// by value and pointers inside structs passed by value (PyTorch's
+// elementwise kernels take theirs in an array inside a struct). An integer
+// that looks like an address is a candidate too; the tracker keeps only
+// candidates that point into a block. A parameter starts at its own
+// alignment, so a pointer member sits at an 8-byte multiple from its start.
+// Shared by the host runtime's model and the cuda runtime's inspection, so
+// both see the same touches.
+template <typename Visit>
+void for_each_pointer_word(const void* data, std::size_t bytes, Visit&& visit) {
   const auto* base = static_cast<const std::byte*>(data);
   for (std::size_t at = 0; at + sizeof(std::uint64_t) <= bytes; at += sizeof(std::uint64_t)) {
     std::uint64_t word = 0;
     std::memcpy(&word, base + at, sizeof(word));
-    if (word != 0) out.push_back(static_cast<std::uintptr_t>(word));
+    if (word != 0) visit(static_cast<std::uintptr_t>(word));
   }
 }
 
 // Appends one inspected touch (mode kTouch, extent 1: the tracker widens it
 // to the block the address falls in) per candidate pointer of the kernel's
-// parameter buffer (append_pointer_words).
+// parameter buffer (for_each_pointer_word).
 inline void append_parameter_touches(const KernelLaunch& kernel, std::size_t position,
                                      std::vector<GraphWrite>& out) {
-  std::vector<std::uintptr_t> words;
-  append_pointer_words(kernel.params.data(), kernel.params.size(), words);
-  for (std::uintptr_t word : words) {
+  for_each_pointer_word(kernel.params.data(), kernel.params.size(), [&](std::uintptr_t word) {
     out.push_back(GraphWrite{.span = {reinterpret_cast<const void*>(word), 1},
                              .position = position, .op = kernel.name,
                              .evidence = WriteEvidence::kInspected, .mode = AccessMode::kTouch});
-  }
+  });
 }
 
 }  // namespace capalloc::detail

@@ -56,7 +56,7 @@ enum class GpuNodeKind {
 //     that order nothing (CUDA's programmatic edges) are left out.
 //   absl::Status read_kernel_pointer_params(GraphNode, std::vector<std::uintptr_t>& out):
 //     candidate pointers of a kernel node: every nonzero 8-byte-aligned word
-//     of each parameter (append_pointer_words in declared_accesses.hpp), so
+//     of each parameter (for_each_pointer_word in declared_accesses.hpp), so
 //     pointers inside structs count; kUnimplemented when the runtime or
 //     driver cannot read a kernel's parameter layout.
 

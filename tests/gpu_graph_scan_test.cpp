@@ -185,7 +185,8 @@ TEST_CASE("parameter words: pointers inside a struct passed by value are candida
   float b[4] = {};
   const Params params{.count = 4, .factor = 2.0f, .dst = a, .src = b};
   std::vector<std::uintptr_t> words;
-  capalloc::detail::append_pointer_words(&params, sizeof params, words);
+  const auto collect = [&](std::uintptr_t word) { words.push_back(word); };
+  capalloc::detail::for_each_pointer_word(&params, sizeof params, collect);
   REQUIRE(words.size() == 3);  // the (count, factor) word is a candidate too
   CHECK(words[1] == address(a));
   CHECK(words[2] == address(b));
@@ -193,9 +194,9 @@ TEST_CASE("parameter words: pointers inside a struct passed by value are candida
   SECTION("zero words and a short tail are left out") {
     const Params empty{.count = 0, .factor = 0.0f, .dst = nullptr, .src = b};
     words.clear();
-    capalloc::detail::append_pointer_words(&empty, sizeof empty - 4, words);
+    capalloc::detail::for_each_pointer_word(&empty, sizeof empty - 4, collect);
     CHECK(words.empty());  // the tail holding src is 4 bytes short of a word
-    capalloc::detail::append_pointer_words(&empty, sizeof empty, words);
+    capalloc::detail::for_each_pointer_word(&empty, sizeof empty, collect);
     CHECK(words == std::vector<std::uintptr_t>{address(b)});
   }
 }
