@@ -279,7 +279,7 @@ run_torch_arms() {
 # whose build it finds in the shim cache.
 run_torch_arms_shim() {
   torch_ready || return $?
-  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="${TMPDIR:-/tmp}/capalloc-shim-cache" \
+  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="$shim_cache" \
     "$python" "$py/seed003_arms_torch.py" --route shim
 }
 
@@ -292,7 +292,7 @@ run_torch_native_capture() {
 # without a C++ compiler or PyTorch's headers skips (77) with the reason.
 run_torch_shim() {
   torch_ready || return $?
-  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="${TMPDIR:-/tmp}/capalloc-shim-cache" \
+  CAPALLOC_RUNTIME=cuda CAPALLOC_SHIM_CACHE="$shim_cache" \
     "$python" "$py/torch_shim_check.py"
 }
 
@@ -330,7 +330,9 @@ run_gemm_vs_cublas() {
   LD_LIBRARY_PATH="$path" "$bin/capalloc_bench_gemm_cuda" --iters 50
 }
 
-export bundle tree logs bin py python
+# The shim torch-shim builds and torch-arms-shim reuses.
+shim_cache="${TMPDIR:-/tmp}/capalloc-shim-cache"
+export bundle tree logs bin py python shim_cache
 # Each step runs its function in a fresh bash (run_limited), which sees only
 # exported functions: export every function defined above, so a new step
 # cannot be forgotten here (bench-gpu's first GPU run failed that way).

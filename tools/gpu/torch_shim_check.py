@@ -39,17 +39,10 @@ for _d in (_here, os.path.join(_here, "..", "..", "python")):
         break
 import capalloc  # noqa: E402
 
-from capalloc._checks import torch_with_cuda_or_skip  # noqa: E402
+from capalloc._checks import install_or_skip, torch_with_cuda_or_skip  # noqa: E402
 
 torch = torch_with_cuda_or_skip()
-
-from capalloc import _shim_build  # noqa: E402
-
-try:
-    capalloc.install(use_shim=True)  # before the first CUDA allocation of the process
-except _shim_build.ShimBuildError as e:
-    print(f"result: skipped: the shim cannot be built here: {e}")
-    sys.exit(77)
+install_or_skip(use_shim=True)  # before the first CUDA allocation of the process
 
 hooks = capalloc.active_hooks()
 print("active hooks:", json.dumps(hooks))

@@ -46,20 +46,10 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--route", choices=("pluggable", "shim"), default="pluggable")
 ROUTE = parser.parse_args().route
 
-from capalloc._checks import torch_with_cuda_or_skip  # noqa: E402
+from capalloc._checks import install_or_skip, torch_with_cuda_or_skip  # noqa: E402
 
 torch = torch_with_cuda_or_skip()
-
-# Before the first CUDA allocation of the process.
-if ROUTE == "shim":
-    from capalloc import _shim_build  # noqa: E402
-    try:
-        capalloc.install(use_shim=True)
-    except _shim_build.ShimBuildError as e:
-        print(f"result: skipped: the shim cannot be built here: {e}")
-        sys.exit(77)
-else:
-    capalloc.install(use_shim=False)
+install_or_skip(use_shim=ROUTE == "shim")  # before the first CUDA allocation of the process
 print(f"route: {capalloc.active_hooks()['route']}")
 
 N, CANARY = 1 << 18, 1234.5
@@ -67,17 +57,17 @@ dev = "cuda"
 results = []
 
 
-def captures():
-    """The capture ids of the graphs the tracker holds now."""
-    return {g["capture"] for g in capalloc.snapshot()["graphs"]}
+def evidence_by_capture():
+    """{capture id: its record's evidence} for the graphs the tracker holds now."""
+    return {g["capture"]: g["precision"] for g in capalloc.snapshot()["graphs"]}
 
 
 def captured(graph, pool, stream, body):
     """Captures body() into graph; returns (its capture id, what body returned)."""
-    before = captures()
+    before = evidence_by_capture().keys()
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = body()
-    new = captures() - before
+    new = evidence_by_capture().keys() - before
     if len(new) != 1:
         raise SystemExit(f"expected one new graph record after the capture, found {sorted(new)}")
     return new.pop(), out
@@ -98,14 +88,6 @@ def replay_onto_canary(graph, ws, times=1):
 EXPECTED_EVIDENCE = {"pluggable": "footprint", "shim": "inspected"}
 
 
-def evidence_of(capture):
-    """The precision of the tracker's record of `capture` (None if none)."""
-    for g in capalloc.snapshot()["graphs"]:
-        if g["capture"] == capture:
-            return g["precision"]
-    return None
-
-
 def report(arm, alias, ws, findings, replays, expected):
     """replays: [(name, capture id, changed, value)]. Checks the truth rule
     (a clobber finding about WS from a graph exactly when its replay changed
@@ -121,11 +103,12 @@ def report(arm, alias, ws, findings, replays, expected):
     for f in about_ws:
         print(f"    [{f.harm}] {f}")
     truthful = True
+    evidence_now = evidence_by_capture()
     for name, capture, changed, value in replays:
         clobber = any(f.capture == capture and f.harm == "clobber" for f in about_ws)
         agrees = clobber == (changed > 0)
         truthful &= agrees
-        evidence = evidence_of(capture)
+        evidence = evidence_now.get(capture)
         evidence_ok = evidence == EXPECTED_EVIDENCE[ROUTE]
         truthful &= evidence_ok
         print(f"  replay {name} (capture {capture}, {evidence} evidence"
