@@ -147,6 +147,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // and the runtime's reports of destroyed streams.
   absl::flat_hash_set<StreamHandle> known_streams;
   StreamHandle last_known_stream = kDefaultStream;
+  // The stream checked before the last one: two streams taking turns (a
+  // compute and a copy stream, or two threads) stay on the quick paths.
+  StreamHandle previous_known_stream = kDefaultStream;
   std::shared_ptr<detail::GoneStreams> gone_streams = std::make_shared<detail::GoneStreams>();
   bool unwatchable_logged = false;
   // The retention audit and the event trace (allocator/observation.hpp,
@@ -223,7 +226,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::Status check_stream(StreamHandle stream, std::string_view call) {
     if (stream == kDefaultStream) return absl::OkStatus();
     if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
-    if (stream == last_known_stream) return absl::OkStatus();
+    if (stream == last_known_stream || stream == previous_known_stream) return absl::OkStatus();
     return remember_stream(stream, call);
   }
   // check_stream for a stream other than the last one used.

@@ -126,7 +126,7 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
     // when their last block does.
     if (!pool.is_graph_pool() && block->capture == 0 && pool.caches_freed(*block) &&
         (segment->stream == kDefaultStream || segment->stream == last_known_stream ||
-         known_streams.contains(segment->stream))) {
+         segment->stream == previous_known_stream || known_streams.contains(segment->stream))) {
       pool.cache_freed(block);
       return absl::OkStatus();
     }

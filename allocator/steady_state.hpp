@@ -28,7 +28,12 @@ namespace capalloc {
 // most of the steady-state allocation.
 [[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached_locked(
     std::size_t bytes, std::size_t rounded, int device, StreamHandle stream) {
-  if ((stream != kDefaultStream && stream != last_known_stream) || !pending.empty() ||
+  // The default stream or one of the last two checked (and not reported
+  // destroyed since: the test below rules that out). Any other stream
+  // takes the general path, which checks it.
+  if ((stream != kDefaultStream && stream != last_known_stream &&
+       stream != previous_known_stream) ||
+      !pending.empty() ||
       !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
       gone_streams->any.load(std::memory_order_acquire)) {
     return nullptr;
@@ -85,7 +90,7 @@ namespace capalloc {
       block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
       (listener != nullptr && devices[segment.device].routes > 0) ||
       (segment.stream != kDefaultStream && segment.stream != last_known_stream &&
-       !known_streams.contains(segment.stream))) {
+       segment.stream != previous_known_stream && !known_streams.contains(segment.stream))) {
     return false;
   }
   live.erase_slot(slot);

@@ -34,7 +34,10 @@ absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_v
     }
     known_streams.insert(stream);
   }
-  last_known_stream = stream;
+  if (stream != last_known_stream) {
+    previous_known_stream = last_known_stream;
+    last_known_stream = stream;
+  }
   return absl::OkStatus();
 }
 
@@ -60,6 +63,7 @@ void Allocator::Impl::apply_gone_streams() {
   for (StreamHandle stream : streams) {
     known_streams.erase(stream);
     if (last_known_stream == stream) last_known_stream = kDefaultStream;
+    if (previous_known_stream == stream) previous_known_stream = kDefaultStream;
   }
   live.for_each([&](std::uintptr_t, Block* block) {
     if (!block->used_on.empty()) forget(block);

@@ -143,6 +143,50 @@ TEST_CASE("a block freed on one stream is not handed to another stream", "[strea
   REQUIRE_OK(alloc->CheckInvariants());
 }
 
+// Two streams taking turns stay on the steady-state path (the allocator
+// remembers the last two streams it checked); a third, and a destroyed one,
+// must still be told apart from them.
+TEST_CASE("streams taking turns get their own blocks back; a destroyed one is refused",
+          "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle streams[3] = {*rt->create_stream(0), *rt->create_stream(0),
+                                   *rt->create_stream(0)};
+  void* first[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    first[i] = *alloc->allocate(4096, 0, streams[i]);
+    REQUIRE_OK(alloc->deallocate(first[i]));
+  }
+  void* held = *alloc->allocate(8192, 0, streams[2]);  // held across the turns
+  for (int round = 0; round < 4; ++round) {
+    for (int i : {2, 0, 1, 0, 1}) {
+      void* p = *alloc->allocate(4096, 0, streams[i]);
+      CHECK(p == first[i]);  // each stream's own cached block, never another's
+      CHECK(alloc->block_info(p)->stream == streams[i]);
+      REQUIRE_OK(alloc->deallocate(p));
+    }
+  }
+  // Destroyed between turns: the stream before the last one used, then the
+  // last one. Neither is served again; the third keeps its block.
+  REQUIRE_OK(rt->destroy_stream(streams[0]));
+  CHECK(alloc->record_stream(held, streams[0]).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(alloc->allocate(4096, 0, streams[0]).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  REQUIRE_OK(alloc->deallocate(held));
+  void* p = *alloc->allocate(4096, 0, streams[1]);
+  CHECK(p == first[1]);
+  REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE_OK(rt->destroy_stream(streams[1]));
+  CHECK(alloc->allocate(4096, 0, streams[1]).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  p = *alloc->allocate(4096, 0, streams[2]);
+  CHECK(p == first[2]);
+  REQUIRE_OK(alloc->deallocate(p));
+  CHECK(alloc->stats(0)->allocated_blocks.current == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(streams[2]));
+}
+
 TEST_CASE("pending frees hold their segment until the event completes and empty_cache never waits",
           "[streams]") {
   auto rt = host_runtime();

@@ -139,6 +139,36 @@ int main(int argc, char** argv) {
         },
         [&a](void* p) { a.deallocate(p).IgnoreError(); });
   }));
+  // One thread replaying both traces, an operation of each in turn, each on
+  // its own stream: streams taking turns on one thread (a compute stream
+  // and a copy stream), without a second core.
+  benchmark::RegisterBenchmark("threads/turns/capalloc", [&](benchmark::State& state) {
+    for (auto _ : state) {
+      for (std::size_t i = 0; i < ops; ++i) {
+        for (ThreadWork& w : work) {
+          const Op& op = w.trace[i];
+          if (!op.alloc) {
+            a.deallocate(w.slots[op.slot]).IgnoreError();
+            continue;
+          }
+          auto p = a.allocate(op.size, 0, w.stream);
+          if (!p.ok()) {
+            state.SkipWithError("an allocation failed");
+            return;
+          }
+          w.slots[op.slot] = *p;
+        }
+      }
+      for (ThreadWork& w : work) {  // the traces' tails (their last frees)
+        for (std::size_t i = ops; i < w.trace.size(); ++i) {
+          a.deallocate(w.slots[w.trace[i].slot]).IgnoreError();
+        }
+      }
+    }
+    std::int64_t per_pass = 0;
+    for (const ThreadWork& w : work) per_pass += static_cast<std::int64_t>(w.trace.size());
+    state.SetItemsProcessed(state.iterations() * per_pass);
+  })->Unit(benchmark::kMillisecond)->Repetitions(repetitions)->UseRealTime();
   configure(benchmark::RegisterBenchmark("threads/churn/malloc", [&](benchmark::State& state) {
     replay(
         state, work[state.thread_index()],
@@ -165,6 +195,24 @@ int main(int argc, char** argv) {
     if (best.count(1) == 0 || best.count(2) == 0) continue;
     std::printf("%-10s %16.2f %16.2f %9.2fx\n", name, best[1] / 1e6, best[2] / 1e6,
                 best[2] / best[1]);
+  }
+  {
+    double turns = 0, one = 0;
+    for (const auto& run : collector.runs("threads/turns/capalloc")) {
+      if (auto it = run.counters.find("items_per_second"); it != run.counters.end()) {
+        turns = std::max(turns, static_cast<double>(it->second));
+      }
+    }
+    for (const auto& run : collector.runs("threads/churn/capalloc")) {
+      auto it = run.counters.find("items_per_second");
+      if (run.threads == 1 && it != run.counters.end()) {
+        one = std::max(one, static_cast<double>(it->second));
+      }
+    }
+    if (turns > 0 && one > 0) {
+      std::printf("capalloc, one thread, two streams taking turns: %.2f Mops/s, %.2fx one stream\n",
+                  turns / 1e6, turns / one);
+    }
   }
   std::printf("scaling = total throughput of two threads / one thread, best of %d measurements; "
               "on a machine with fewer than 2 idle cores it measures the machine, not the "
