@@ -250,7 +250,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::Status deallocate(void* ptr, int device, const std::string_view* as_owner,
                           bool try_cache);
   absl::StatusOr<EventHandle> acquire_event(int device);
+  // Records an event on each stream in the block's used_on, dropping the
+  // streams destroyed meanwhile (pending_events counts those recorded).
   absl::Status record_free_events(detail::Block* block);
+  // A pending free whose streams are done: back to its pool (a graph pool
+  // now unused goes).
+  void finish_free(detail::Block* block);
   void process_pending();
   void notify(BlockEvent::Kind kind, const detail::Block& block, CaptureId capture,
               std::size_t position, std::uintptr_t graph);

@@ -31,23 +31,43 @@ absl::Status Allocator::Impl::record_free_events(Block* block) {
   // All or nothing: on failure no event stays queued for the block.
   const int device = block->segment->device;
   const std::size_t first_new = pending.size();
-  for (StreamHandle s : block->used_on) {
+  auto& used = block->used_on;
+  for (std::size_t i = 0; i < used.size();) {
+    const StreamHandle s = used[i];
     auto event = acquire_event(device);
     absl::Status status = event.ok() ? runtime->record_event(*event, s) : event.status();
-    if (!status.ok()) {
-      if (event.ok()) devices[device].spare_events.push_back(*event);
-      for (std::size_t i = first_new; i < pending.size(); ++i) {
-        devices[device].spare_events.push_back(pending[i].event);
-      }
-      pending.resize(first_new);
-      return absl::Status(status.code(),
-                          absl::StrFormat("recording an event on stream 0x%x failed: %s", s,
-                                          std::string(status.message())));
+    if (status.ok()) {
+      pending.push_back({block, *event, device});
+      ++i;
+      continue;
     }
-    pending.push_back({block, *event, device});
+    if (event.ok()) devices[device].spare_events.push_back(*event);
+    // Destroyed by another thread since free_block asked capture_info: its
+    // work has run (destroy_stream waits for it), so the free needs no
+    // event on it. The runtime must say so itself (capture_info: not
+    // found); any other failure fails the free.
+    if (absl::IsNotFound(status)) {
+      if (auto info = runtime->capture_info(s); absl::IsNotFound(info.status())) {
+        used.erase(used.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+    }
+    for (std::size_t j = first_new; j < pending.size(); ++j) {
+      devices[device].spare_events.push_back(pending[j].event);
+    }
+    pending.resize(first_new);
+    return absl::Status(status.code(),
+                        absl::StrFormat("recording an event on stream 0x%x failed: %s", s,
+                                        std::string(status.message())));
   }
-  block->pending_events = static_cast<std::uint32_t>(block->used_on.size());
+  block->pending_events = static_cast<std::uint32_t>(pending.size() - first_new);
   return absl::OkStatus();
+}
+
+void Allocator::Impl::finish_free(Block* block) {
+  Pool* pool = block->segment->pool;
+  pool->give_back(block);
+  maybe_destroy_pool(pool);
 }
 
 void Allocator::Impl::process_pending() {
@@ -62,7 +82,11 @@ void Allocator::Impl::process_pending() {
         auto info = runtime->capture_info(s);
         ready = info.ok() && info->status == CaptureStatus::kNone;
       }
-      if (!ready || !record_free_events(block).ok()) *keep++ = block;
+      if (!ready || !record_free_events(block).ok()) {
+        *keep++ = block;
+      } else if (block->pending_events == 0) {
+        finish_free(block);  // its streams were all destroyed meanwhile
+      }
     }
     deferred.erase(keep, deferred.end());
   }
@@ -79,11 +103,7 @@ void Allocator::Impl::process_pending() {
     }
     devices[it->device].spare_events.push_back(it->event);
     Block* block = it->block;
-    if (--block->pending_events == 0) {
-      Pool* pool = block->segment->pool;
-      pool->give_back(block);
-      maybe_destroy_pool(pool);
-    }
+    if (--block->pending_events == 0) finish_free(block);
   }
   pending.erase(keep, pending.end());
 }
@@ -117,6 +137,18 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
                               return info.status().code() == absl::StatusCode::kNotFound;
                             }),
              used.end());
+  // Used on other streams: reusable once they pass an event recorded now. An
+  // event on a capturing stream would become part of the graph, so such a
+  // free waits in `deferred` until the capture is over. (Recording drops
+  // the streams destroyed since the check above.)
+  bool recorded = false;
+  if (!block->used_on.empty() && !capturing && events_allowed(device)) {
+    if (absl::Status s = record_free_events(block); !s.ok()) {
+      return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",
+                                                    block->ptr(), std::string(s.message())));
+    }
+    recorded = true;
+  }
   if (block->used_on.empty()) {
     forget();
     detail::Segment* segment = block->segment;
@@ -132,6 +164,9 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
     }
     pool.give_back(block);
     // The last block of a destroyed stream's segment: nothing can reuse it.
+    // (Not for pending frees that complete later, in process_pending: a
+    // release there would synchronize the device inside an allocation.
+    // Such a segment goes at the next empty_cache or out-of-memory retry.)
     if (segment->fully_free() && segment->stream != kDefaultStream &&
         !known_streams.contains(segment->stream) && events_allowed(device)) {
       release_segments(device, pool, segment->stream).IgnoreError();
@@ -139,15 +174,7 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
     if (pool.is_graph_pool()) maybe_destroy_pool(&pool);
     return absl::OkStatus();
   }
-  // Used on other streams: reusable once they pass an event recorded now. An
-  // event on a capturing stream would become part of the graph, so such a
-  // free waits in `deferred` until the capture is over.
-  if (capturing || !events_allowed(device)) {
-    deferred.push_back(block);
-  } else if (absl::Status s = record_free_events(block); !s.ok()) {
-    return absl::Status(s.code(), absl::StrFormat("deallocate(%p): %s; block left allocated",
-                                                  block->ptr(), std::string(s.message())));
-  }
+  if (!recorded) deferred.push_back(block);
   forget();
   pool.mark_pending(block);
   return absl::OkStatus();

@@ -431,3 +431,53 @@ TEST_CASE("issue 11: a free on a stream destroyed before the allocator heard of 
   CHECK(alloc->stats(0)->allocated_blocks.current == 0);
   REQUIRE_OK(alloc->CheckInvariants());
 }
+
+// Break test (2026-12-05): the same race a step later. The free asked the
+// runtime about the stream (alive), and another thread destroyed it before
+// the free recorded its event there: the free failed with NOT_FOUND "block
+// left allocated", a leak under PyTorch. The stream's work has run, so the
+// free needs no event on it; an event on a live stream is still recorded.
+TEST_CASE("a free whose record_stream stream is destroyed just before its event completes",
+          "[errors][streams]") {
+  auto faulty = std::make_shared<Faulty>(host_runtime());
+  auto alloc = make_allocator(faulty);
+  const StreamHandle doomed = *faulty->create_stream(0);
+  const StreamHandle live = *faulty->create_stream(0);
+  auto p = alloc->allocate(4096);
+  REQUIRE_OK(p);
+  REQUIRE_OK(alloc->record_stream(*p, doomed));
+  REQUIRE_OK(alloc->record_stream(*p, live));
+  int destroyed = 0;
+  faulty->before_record_event = [&](StreamHandle s) {
+    if (s == doomed && destroyed++ == 0) REQUIRE_OK(faulty->destroy_stream(doomed));
+  };
+  REQUIRE_OK(alloc->deallocate(*p));
+  CHECK(destroyed == 1);
+  CHECK(alloc->stats(0)->allocated_blocks.current == 0);
+  // Held back by the event on the live stream only: the next allocation after the stream is idle finds it done and the block free.
+  REQUIRE_OK(faulty->synchronize_stream(live));
+  auto q = alloc->allocate(4096);
+  REQUIRE_OK(q);
+  CHECK(alloc->block_info(*p)->state != BlockState::kPendingFree);
+  REQUIRE_OK(alloc->deallocate(*q));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(faulty->destroy_stream(live));
+}
+
+// The same with no other stream: the block is free at once.
+TEST_CASE("a free whose only record_stream stream is destroyed just before its event",
+          "[errors][streams]") {
+  auto faulty = std::make_shared<Faulty>(host_runtime());
+  auto alloc = make_allocator(faulty);
+  const StreamHandle doomed = *faulty->create_stream(0);
+  auto p = alloc->allocate(4096);
+  REQUIRE_OK(p);
+  REQUIRE_OK(alloc->record_stream(*p, doomed));
+  faulty->before_record_event = [&](StreamHandle s) {
+    if (s == doomed) REQUIRE_OK(faulty->destroy_stream(doomed));
+  };
+  REQUIRE_OK(alloc->deallocate(*p));
+  CHECK(alloc->block_info(*p)->state == BlockState::kFree);
+  CHECK(alloc->stats(0)->allocated_blocks.current == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+}

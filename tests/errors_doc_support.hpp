@@ -135,7 +135,11 @@ class Forwarding : public Base {
     return in_->create_event(d);
   }
   absl::Status destroy_event(EventHandle e) override { return in_->destroy_event(e); }
+  // Called with the stream before each record_event is forwarded: a test
+  // destroys the stream there, as another thread could at that moment.
+  std::function<void(StreamHandle)> before_record_event;
   absl::Status record_event(EventHandle e, StreamHandle s) override {
+    if (before_record_event) before_record_event(s);
     return in_->record_event(e, s);
   }
   absl::StatusOr<bool> query_event(EventHandle e) override { return in_->query_event(e); }
