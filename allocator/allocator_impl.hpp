@@ -150,6 +150,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // The stream checked before the last one: two streams taking turns (a
   // compute and a copy stream, or two threads) stay on the quick paths.
   StreamHandle previous_known_stream = kDefaultStream;
+  // The default stream or one of the last two checked: known without a
+  // lookup (the steady-state paths take no other).
+  bool recent_stream(StreamHandle stream) const {
+    return stream == kDefaultStream || stream == last_known_stream ||
+           stream == previous_known_stream;
+  }
   std::shared_ptr<detail::GoneStreams> gone_streams = std::make_shared<detail::GoneStreams>();
   bool unwatchable_logged = false;
   // The retention audit and the event trace (allocator/observation.hpp,

@@ -157,8 +157,7 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
     // Graph pools and capture blocks keep the merging path: their pools go
     // when their last block does.
     if (!pool.is_graph_pool() && block->capture == 0 && pool.caches_freed(*block) &&
-        (segment->stream == kDefaultStream || segment->stream == last_known_stream ||
-         segment->stream == previous_known_stream || known_streams.contains(segment->stream))) {
+        (recent_stream(segment->stream) || known_streams.contains(segment->stream))) {
       pool.cache_freed(block);
       return absl::OkStatus();
     }

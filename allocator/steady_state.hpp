@@ -31,9 +31,7 @@ namespace capalloc {
   // The default stream or one of the last two checked (and not reported
   // destroyed since: the test below rules that out). Any other stream
   // takes the general path, which checks it.
-  if ((stream != kDefaultStream && stream != last_known_stream &&
-       stream != previous_known_stream) ||
-      !pending.empty() ||
+  if (!recent_stream(stream) || !pending.empty() ||
       !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
       gone_streams->any.load(std::memory_order_acquire)) {
     return nullptr;
@@ -89,8 +87,7 @@ namespace capalloc {
   if ((device != kAnyDevice && device != segment.device) || block->owner_id != 0 ||
       block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
       (listener != nullptr && devices[segment.device].routes > 0) ||
-      (segment.stream != kDefaultStream && segment.stream != last_known_stream &&
-       segment.stream != previous_known_stream && !known_streams.contains(segment.stream))) {
+      (!recent_stream(segment.stream) && !known_streams.contains(segment.stream))) {
     return false;
   }
   live.erase_slot(slot);
