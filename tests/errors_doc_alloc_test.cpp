@@ -454,7 +454,8 @@ TEST_CASE("a free whose record_stream stream is destroyed just before its event 
   REQUIRE_OK(alloc->deallocate(*p));
   CHECK(destroyed == 1);
   CHECK(alloc->stats(0)->allocated_blocks.current == 0);
-  // Held back by the event on the live stream only: the next allocation after the stream is idle finds it done and the block free.
+  // Held back by the event on the live stream only: the next allocation
+  // after that stream is idle finds the event done and the block free.
   REQUIRE_OK(faulty->synchronize_stream(live));
   auto q = alloc->allocate(4096);
   REQUIRE_OK(q);
