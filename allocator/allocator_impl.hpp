@@ -291,14 +291,30 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // The pool, if the caller still holds a handle to it (else an error that
   // names `call`): a pool whose handles are all released takes no new user.
   absl::StatusOr<detail::Pool*> find_handle_pool(PoolHandle handle, std::string_view call) const;
-  detail::Pool* route_for(int device, CaptureId capture, StreamHandle stream);
+  // The pool a capture's allocations go to. Inline for the allocations of
+  // one capture, which find the route found last; route_for_slow looks it
+  // up, or makes a private pool for a capture nobody announced.
+  detail::Pool* route_for(int device, CaptureId capture, StreamHandle stream) {
+    if (capture == last_route_capture) return last_route_pool;
+    return route_for_slow(device, capture, stream);
+  }
+  detail::Pool* route_for_slow(int device, CaptureId capture, StreamHandle stream);
   // The id of an active capture on `device` other than through `stream`'s
   // own, or 0; ends routes of discovered captures that are over.
   CaptureId active_capture_on(int device);
   void drop_route(CaptureId capture);
   // Releases the pool references of graphs reported gone. Requires mu.
   void apply_gone_graphs();
+  // Destroys a graph pool that has no reference and no block in use left
+  // (its segments released), or marks it kept_for_segments.
   void maybe_destroy_pool(detail::Pool* pool);
+  // The test maybe_destroy_pool starts with, inline for free_block, whose
+  // frees into a graph pool mostly leave blocks in use.
+  void maybe_destroy_pool_if_unused(detail::Pool* pool) {
+    if (pool->blocks_in_use() == 0 && pool->is_graph_pool() && !pool->referenced()) {
+      maybe_destroy_pool(pool);
+    }
+  }
   // Returns fully free segments of the pools that may give memory back (the
   // default pool, graph pools without references).
   absl::Status release_free_segments(int device);

@@ -49,6 +49,9 @@ struct Block {
   Lifetime lifetime = Lifetime::kTransient;
   bool in_free_index = false;
   bool in_quick_cache = false;  // free, unmerged, in its index's QuickCache
+  // The FreeIndex bin the block is filed in (while in_free_index), so that a
+  // removal does not map its size to the bin again.
+  std::uint16_t free_bin = 0;
   // allocate() returned this block's address since the address last became
   // a block start (split or merge), so a free of it now is a double free;
   // false for a remainder nobody was given.

@@ -47,6 +47,7 @@ void FreeIndex::insert(Block* block) {
   if (head != nullptr) head->free_prev = block;
   head = block;
   block->in_free_index = true;
+  block->free_bin = static_cast<std::uint16_t>(bin.index());
   first_level_map_ |= std::uint64_t{1} << bin.first;
   second_level_map_[bin.first] =
       static_cast<std::uint16_t>(second_level_map_[bin.first] | (1u << bin.second));
@@ -55,8 +56,11 @@ void FreeIndex::insert(Block* block) {
 
 void FreeIndex::remove(Block* block) {
   assert(block->in_free_index);
-  const Bin bin = bin_of(block->size);
-  Block*& head = heads_[bin.index()];
+  assert(block->free_bin == bin_of(block->size).index());
+  // The bin insert filed it in: the block's size has not changed since
+  // (merges and splits unfile a block before they resize it).
+  const Bin bin{block->free_bin / kSecondLevels, block->free_bin % kSecondLevels};
+  Block*& head = heads_[block->free_bin];
   if (block->free_prev != nullptr) {
     block->free_prev->free_next = block->free_next;
   } else {

@@ -28,8 +28,7 @@ absl::StatusOr<Pool*> Allocator::Impl::find_graph_pool(PoolHandle handle) const 
   return devices[it->second].graph_pools.at(handle).get();
 }
 
-Pool* Allocator::Impl::route_for(int device, CaptureId capture, StreamHandle stream) {
-  if (capture == last_route_capture) return last_route_pool;
+Pool* Allocator::Impl::route_for_slow(int device, CaptureId capture, StreamHandle stream) {
   auto it = routes.find(capture);
   if (it != routes.end()) {
     // An announced capture (PyTorch's): its graph is watched too, from its

@@ -81,24 +81,25 @@ void Pool::split(Block* block, std::size_t rounded, Block* rest) noexcept {
 }
 
 Block* Pool::take(StreamHandle stream, std::size_t rounded, std::size_t requested) {
-  if (Block* block = take_cached(stream, rounded, requested)) return block;
-  return take_indexed(stream, rounded, requested);
-}
-
-Block* Pool::take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested) {
+  // The index is found once for both steps.
   FreeIndex* index = find_index(stream, policy_.class_of(rounded));
   if (index == nullptr) return nullptr;
-  Block* block = index->find(rounded);
+  if (Block* block = take_cached_from(*index, rounded, requested)) return block;
+  return take_indexed_from(*index, rounded, requested);
+}
+
+Block* Pool::take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested) {
+  Block* block = index.find(rounded);
   if (block == nullptr) {
     // Before the caller reserves a segment: what the quick cache holds,
     // merged, may serve the request.
-    if (index->quick.empty()) return nullptr;
-    drain_quick(*index);
-    block = index->find(rounded);
+    if (index.quick.empty()) return nullptr;
+    drain_quick(index);
+    block = index.find(rounded);
     if (block == nullptr) return nullptr;
   }
   Block* rest = spare_for_split(block->size, rounded);
-  index->remove(block);
+  index.remove(block);
   --stats_.free_blocks;
   free_bytes_ -= static_cast<std::int64_t>(block->size);
   split(block, rounded, rest);

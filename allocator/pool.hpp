@@ -126,8 +126,13 @@ class Pool {
   // Allocator's steady-state path.
   Block* take_cached(StreamHandle stream, std::size_t rounded, std::size_t requested) {
     FreeIndex* index = find_index(stream, policy_.class_of(rounded));
-    if (index == nullptr || !index->quick.caches(rounded)) return nullptr;
-    Block* block = index->quick.pop(rounded);
+    return index == nullptr ? nullptr : take_cached_from(*index, rounded, requested);
+  }
+  // take_cached with the (stream, size class)'s index found. An empty
+  // cache (always, in a graph pool: its frees merge) costs one test.
+  Block* take_cached_from(FreeIndex& index, std::size_t rounded, std::size_t requested) {
+    if (index.quick.empty() || !index.quick.caches(rounded)) return nullptr;
+    Block* block = index.quick.pop(rounded);
     if (block == nullptr) return nullptr;
     --stats_.free_blocks;
     free_bytes_ -= static_cast<std::int64_t>(block->size);
@@ -136,7 +141,11 @@ class Pool {
   }
   // take() past its quick cache: the FreeIndex, split, and a drain of the
   // quick cache when the index cannot serve.
-  Block* take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested);
+  Block* take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested) {
+    FreeIndex* index = find_index(stream, policy_.class_of(rounded));
+    return index == nullptr ? nullptr : take_indexed_from(*index, rounded, requested);
+  }
+  Block* take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested);
   // Adds a fresh segment owned by `stream` and serves the request from it.
   Block* take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
                                std::size_t rounded, std::size_t requested);

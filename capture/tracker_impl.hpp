@@ -183,6 +183,7 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
 
 
   void on_block_event(const BlockEvent& event) override;
+  [[gnu::noinline, gnu::cold]] void append_growing(const BlockEvent& event);
   void on_capture_graph_gone(CaptureId capture) override;
   // A discovered capture's capture-end hook: its graph is inspected now, and
   // its record built (inspected evidence).
