@@ -20,24 +20,6 @@ FreeIndex::Bin FreeIndex::bin_of(std::size_t size) const {
   return {first, second};
 }
 
-bool FreeIndex::next_non_empty(Bin from, Bin& out) const {
-  if (from.first >= kFirstLevels) return false;
-  std::uint32_t seconds =
-      from.second >= kSecondLevels
-          ? 0u
-          : static_cast<std::uint32_t>(second_level_map_[from.first]) & (~0u << from.second);
-  unsigned first = from.first;
-  if (seconds == 0) {
-    if (first + 1 >= kFirstLevels) return false;
-    const std::uint64_t firsts = first_level_map_ & (~std::uint64_t{0} << (first + 1));
-    if (firsts == 0) return false;
-    first = static_cast<unsigned>(std::countr_zero(firsts));
-    seconds = second_level_map_[first];
-  }
-  out = {first, static_cast<unsigned>(std::countr_zero(seconds))};
-  return true;
-}
-
 void FreeIndex::insert(Block* block) {
   assert(!block->in_free_index);
   const Bin bin = bin_of(block->size);
@@ -89,15 +71,19 @@ Block* FreeIndex::find(std::size_t size) const {
     }
   }
   if (best != nullptr) return best;
-  // Every block of a bin above the request's own fits.
-  Bin above = own;
-  if (++above.second == kSecondLevels) {
-    above.second = 0;
-    ++above.first;
+  // Every block of a bin above the request's own fits: the lowest non-empty
+  // bin above it on its own first level, else the lowest of the next
+  // non-empty first level.
+  unsigned first = own.first;
+  std::uint32_t seconds = static_cast<std::uint32_t>(second_level_map_[first]) & (~1u << own.second);
+  if (seconds == 0) {
+    if (first + 1 >= kFirstLevels) return nullptr;
+    const std::uint64_t firsts = first_level_map_ & (~std::uint64_t{0} << (first + 1));
+    if (firsts == 0) return nullptr;
+    first = static_cast<unsigned>(std::countr_zero(firsts));
+    seconds = second_level_map_[first];
   }
-  Bin found;
-  if (!next_non_empty(above, found)) return nullptr;
-  return heads_[found.index()];
+  return heads_[first * kSecondLevels + static_cast<unsigned>(std::countr_zero(seconds))];
 }
 
 bool FreeIndex::contains(const Block* block) const {

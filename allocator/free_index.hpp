@@ -72,8 +72,6 @@ class FreeIndex {
   };
   // The bin a block of `size` is filed in.
   Bin bin_of(std::size_t size) const;
-  // The lowest non-empty bin at or after `from`, or false.
-  bool next_non_empty(Bin from, Bin& out) const;
 
   unsigned granule_shift_;
   std::size_t count_ = 0;
