@@ -128,10 +128,9 @@ class Pool {
     FreeIndex* index = find_index(stream, policy_.class_of(rounded));
     return index == nullptr ? nullptr : take_cached_from(*index, rounded, requested);
   }
-  // take_cached with the (stream, size class)'s index found. An empty
-  // cache (always, in a graph pool: its frees merge) costs one test.
+  // take_cached with the (stream, size class)'s index found.
   Block* take_cached_from(FreeIndex& index, std::size_t rounded, std::size_t requested) {
-    if (index.quick.empty() || !index.quick.caches(rounded)) return nullptr;
+    if (!index.quick.caches(rounded)) return nullptr;
     Block* block = index.quick.pop(rounded);
     if (block == nullptr) return nullptr;
     --stats_.free_blocks;
