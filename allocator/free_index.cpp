@@ -87,7 +87,9 @@ Block* FreeIndex::find(std::size_t size) const {
 }
 
 bool FreeIndex::contains(const Block* block) const {
-  for (const Block* b = heads_[bin_of(block->size).index()]; b != nullptr; b = b->free_next) {
+  const unsigned bin = bin_of(block->size).index();
+  if (block->free_bin != bin) return false;
+  for (const Block* b = heads_[bin]; b != nullptr; b = b->free_next) {
     if (b == block) return true;
   }
   return false;

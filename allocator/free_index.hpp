@@ -48,8 +48,9 @@ class FreeIndex {
 
   std::size_t count() const { return count_; }
   bool empty() const { return count_ == 0; }
-  // True when `block` is linked in the bin its size maps to. O(bin length);
-  // for invariant checks only.
+  // True when `block` is linked in the bin its size maps to, and remembers
+  // that bin (remove() trusts Block::free_bin: a block resized while filed
+  // fails this). O(bin length); for invariant checks only.
   bool contains(const Block* block) const;
 
   template <typename F>

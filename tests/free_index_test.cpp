@@ -58,3 +58,40 @@ TEST_CASE("free index: random sizes, every find fits and no smaller-bin block is
   for (auto& b : blocks) index.remove(&b);
   CHECK(index.empty());
 }
+
+TEST_CASE("free index: the search above a request's bin crosses to the next power of two",
+          "[free_index]") {
+  // 16 granules and up: 16 bins per power of two. A request in the last
+  // bin of its power of two (second level 15) must find a block of the
+  // next power of two, and one in a lower bin a block later in its own.
+  FreeIndex index(9);
+  std::vector<Block> blocks(2);
+  blocks[0].size = 64 * 512;  // first bin of [64, 128) granules
+  index.insert(&blocks[0]);
+  CHECK(index.find(63 * 512) == &blocks[0]);  // last bin of [32, 64)
+  CHECK(index.find(33 * 512) == &blocks[0]);
+  blocks[1].size = 40 * 512;  // a later bin of [32, 64)
+  index.insert(&blocks[1]);
+  CHECK(index.find(33 * 512) == &blocks[1]);
+  CHECK(index.find(63 * 512) == &blocks[0]);
+  CHECK(index.find(65 * 512) == nullptr);  // own bin's block too small, nothing above
+  index.remove(&blocks[0]);
+  index.remove(&blocks[1]);
+  CHECK(index.empty());
+}
+
+TEST_CASE("free index: a block resized while filed fails contains()", "[free_index]") {
+  // remove() trusts the bin the block was filed in; the pool unfiles a
+  // block before it resizes it, and its invariant check (contains) catches
+  // a resize that did not.
+  FreeIndex index(9);
+  Block block;
+  block.size = 4096;
+  index.insert(&block);
+  CHECK(index.contains(&block));
+  block.size = 1 << 20;
+  CHECK_FALSE(index.contains(&block));
+  block.size = 4096;
+  index.remove(&block);
+  CHECK(index.empty());
+}
