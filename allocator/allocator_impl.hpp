@@ -112,8 +112,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   AllocatorOptions options;
   detail::SizePolicy policy;
 
-  mutable detail::FutexMutex mu;
-  detail::BlockArena arena;
+  // The lock on a cache line of its own, apart from what allocate() reads
+  // before taking it (the runtime, the options, the size policy): with two
+  // threads, each acquisition takes the lock's line from the other core,
+  // and must not take those with it.
+  alignas(64) mutable detail::FutexMutex mu;
+  alignas(64) detail::BlockArena arena;
   std::vector<detail::DeviceState> devices;
   detail::BlockTable live;
   std::vector<detail::PendingEvent> pending;
