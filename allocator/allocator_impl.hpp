@@ -310,15 +310,16 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // Releases the pool references of graphs reported gone. Requires mu.
   void apply_gone_graphs();
   // Destroys a graph pool that has no reference and no block in use left
-  // (its segments released), or marks it kept_for_segments.
-  void maybe_destroy_pool(detail::Pool* pool);
-  // The test maybe_destroy_pool starts with, inline for free_block, whose
-  // frees into a graph pool mostly leave blocks in use.
-  void maybe_destroy_pool_if_unused(detail::Pool* pool) {
+  // (its segments released), or marks it kept_for_segments. The test is
+  // inline: free_block asks at every free into a graph pool, which mostly
+  // leaves blocks in use.
+  void maybe_destroy_pool(detail::Pool* pool) {
     if (pool->blocks_in_use() == 0 && pool->is_graph_pool() && !pool->referenced()) {
-      maybe_destroy_pool(pool);
+      destroy_unused_pool(pool);
     }
   }
+  // maybe_destroy_pool past its test.
+  void destroy_unused_pool(detail::Pool* pool);
   // Returns fully free segments of the pools that may give memory back (the
   // default pool, graph pools without references).
   absl::Status release_free_segments(int device);

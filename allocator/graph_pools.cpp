@@ -158,8 +158,7 @@ void Allocator::Impl::drop_route(CaptureId capture) {
   maybe_destroy_pool(pool);
 }
 
-void Allocator::Impl::maybe_destroy_pool(Pool* pool) {
-  if (!pool->is_graph_pool() || pool->referenced() || pool->blocks_in_use() > 0) return;
+void Allocator::Impl::destroy_unused_pool(Pool* pool) {
   const int device = pool->device();
   const PoolHandle handle = pool->handle();
   // Not while a capture is routed on the device: a graph launched into it

@@ -170,7 +170,7 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
         !known_streams.contains(segment->stream) && events_allowed(device)) {
       release_segments(device, pool, segment->stream).IgnoreError();
     }
-    maybe_destroy_pool_if_unused(&pool);
+    maybe_destroy_pool(&pool);
     return absl::OkStatus();
   }
   if (!recorded) deferred.push_back(block);

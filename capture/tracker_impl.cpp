@@ -59,17 +59,20 @@ void CaptureTracker::Impl::maybe_prune_history() {
   });
 }
 
-// Both run with the allocator's lock held, which guards the log, the ticks
-// and graphs_gone (allocator/listener_lock.hpp).
-// The append is all this does on the allocator's path, once per allocation
-// and free in a capture. The log grows out of line, reached by a tail call
-// (append_growing), so that the append needs no stack frame: a bounds test
-// and the event's stores. With the reallocation inlined, or called from
-// here, every call saved and restored the registers only growth needs
-// (about 35 instructions an event, callgrind on capalloc_bench_capture's
-// part 1).
+// The listener's calls run with the allocator's lock held, which guards the
+// log, the ticks and graphs_gone (allocator/listener_lock.hpp).
+//
+// The append is all on_block_event does on the allocator's path, once per
+// allocation and free in a capture. The log grows out of line, reached by a
+// tail call (append_growing), so that the append needs no stack frame: a
+// bounds test and the event's stores. With the reallocation inlined, or
+// called from here, every call saved and restored the registers only growth
+// needs (about 35 instructions an event, callgrind on
+// capalloc_bench_capture's part 1).
 void CaptureTracker::Impl::on_block_event(const BlockEvent& event) {
   if (log.size() == log.capacity()) [[unlikely]] return append_growing(event);
+  // Tells the compiler what the test above established, so that it leaves
+  // emplace_back's reallocation out of this function.
   if (log.size() >= log.capacity()) __builtin_unreachable();
   log.emplace_back(event, ++ticks);
 }
