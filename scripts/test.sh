@@ -6,7 +6,9 @@
 #      preset `default`): every Catch2 suite, the CLI, stress, the oracle, the
 #      find_package consumer, the Python package, the GPU bundle;
 #   2. ASan + UBSan (build-asan/, no CUDA/HIP): the suite, less the tests
-#      that configure other projects, the oracle with fewer programs;
+#      that configure other projects, the oracle with fewer programs (the
+#      preset builds neither the benchmarks nor gpu_runtime_test, which
+#      could only skip there: Release runs them);
 #   3. TSan (build-tsan/, no CUDA/HIP): the concurrency and stress tests, with
 #      fewer stress operations;
 #   4. the C ABI fuzzer for 60 s (scripts/fuzz.sh, build-fuzz/).
