@@ -12,8 +12,10 @@
 #   3. TSan (build-tsan/, no CUDA/HIP): the concurrency and stress tests, with
 #      fewer stress operations;
 #   4. the C ABI fuzzer for 60 s (scripts/fuzz.sh, build-fuzz/).
-# Each step prints its time (docs/ci.md keeps the table). Installs missing
-# Debian packages first, so this is one of the two set-up commands in README.md.
+# CTest runs as many tests at once as there are cores (`nproc`), the
+# costliest (the oracle) first. Each step prints its time (docs/ci.md keeps
+# the table). Installs missing Debian packages first, so this is one of the
+# two set-up commands in README.md.
 #
 # Usage:
 #   bash scripts/test.sh                               # all four steps
@@ -87,7 +89,7 @@ build_and_test() {
   fi
   "${run[@]}" cmake --preset "$preset"
   "${run[@]}" cmake --build --preset "$preset" --parallel "$jobs" "${target_args[@]}"
-  "${run[@]}" ctest --test-dir "$dir" --output-on-failure --no-tests=error "$@"
+  "${run[@]}" ctest --test-dir "$dir" --parallel "$jobs" --output-on-failure --no-tests=error "$@"
 }
 
 case "$sanitize" in
@@ -117,7 +119,7 @@ fi
 release_build_and_test() {
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
   cmake --build build --parallel "$jobs"
-  ctest --test-dir build --output-on-failure --no-tests=error "$@"
+  ctest --test-dir build --parallel "$jobs" --output-on-failure --no-tests=error "$@"
 }
 echo "test.sh: a plain Release build in build/ with $jobs build jobs"
 step "Release build and tests" release_build_and_test "${ctest_args[@]}"

@@ -3,7 +3,7 @@
 // PyTorch's pattern (alloc with device and stream; free with the pointer, the
 // allocation's size, device and stream). Runs on the host runtime, without a
 // GPU. This program links neither capalloc library: it sees only what the
-// .so exports (its main() is Catch2's own, from catch_plain_main.cpp).
+// .so exports (its main() is Catch2's own, from catch_main.cpp).
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
