@@ -13,6 +13,10 @@ set -euo pipefail
 REQUIRED_PACKAGES=(
   build-essential
   cmake
+  # The sanitizer presets and the fuzzer build with Ninja: on two cores it
+  # compiles a program's sources while the libraries it links are still
+  # building, where Make waits for them.
+  ninja-build
   git
   libabsl-dev
   libspdlog-dev
