@@ -14,6 +14,7 @@
 #include "capalloc/allocator.hpp"
 #include "capalloc/persistent_cache.hpp"
 #include "tools/scenarios/kernels.hpp"
+#include "tools/scenarios/scenario_world.hpp"
 
 namespace capalloc::scenarios {
 
@@ -23,83 +24,22 @@ constexpr std::size_t N = kArmElements;
 constexpr std::size_t kBytes = N * sizeof(float);
 constexpr std::size_t kScalarBytes = sizeof(float);
 
-// One arm's world: an allocator and tracker of its own, a side stream for the
-// captures, and everything to release at the end.
-class ArmWorld {
+// One arm's world (scenario_world.hpp) and the seed's tensor operations.
+class ArmWorld : public ScenarioWorld {
  public:
   static absl::StatusOr<std::unique_ptr<ArmWorld>> create(std::shared_ptr<DeviceRuntime> rt,
                                                           const ArmsOptions& options) {
     auto w = std::unique_ptr<ArmWorld>(new ArmWorld());
-    w->rt_ = std::move(rt);
-    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
-    w->observer_ = options.observer;
-    w->recorder_ = options.recorder;
-    w->observe(WorldPoint::kCreated);
-    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
-                              CaptureTracker::create(*w->allocator_,
-                                                     {.strict = options.strict,
-                                                      .strict_possible = options.strict_possible}));
-    CAPALLOC_ASSIGN_OR_RETURN(w->side_, w->rt_->create_stream(0));
+    CAPALLOC_RETURN_IF_ERROR(w->open(std::move(rt), options));
     return w;
   }
-
-  // Teardown is best effort: a runtime failure here has no caller to reach.
-  // Whatever a failed call leaves held is released by a later owner (the
-  // tracker's destructor destroys graphs destroy_graph left, the
-  // allocator's releases segments) or stays held, as on a device.
-  ~ArmWorld() {
-    if (allocator_ == nullptr) return;
-    observe(WorldPoint::kWorkDone);
-    if (recorder_ != nullptr && tracker_ != nullptr) recorder_->finished(*tracker_);
-    // Work still queued (an arm that stopped early) must not outlive the
-    // memory it touches.
-    rt_->synchronize_stream(kDefaultStream).IgnoreError();
-    if (side_ != kDefaultStream) rt_->synchronize_stream(side_).IgnoreError();
-    if (tracker_ != nullptr) {
-      for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
-    }
-    for (void* p : blocks_) allocator_->deallocate(p).IgnoreError();
-    for (PoolHandle p : pools_) allocator_->release_graph_pool(p).IgnoreError();
-    cache_.reset();
-    tracker_.reset();
-    if (side_ != kDefaultStream) rt_->destroy_stream(side_).IgnoreError();
-    observe(WorldPoint::kReleased);
-  }
-
-  StreamHandle side() const { return side_; }
-  CaptureTracker& tracker() { return *tracker_; }
-  Allocator& allocator() { return *allocator_; }
-  PersistentCache& cache() {
-    if (!cache_) cache_ = std::make_unique<PersistentCache>(*allocator_);
-    return *cache_;
-  }
-
-  // torch.cuda.graph_pool_handle()
-  absl::StatusOr<PoolHandle> pool() {
-    CAPALLOC_ASSIGN_OR_RETURN(PoolHandle p, allocator_->create_graph_pool(0));
-    pools_.push_back(p);
-    return p;
-  }
+  ~ArmWorld() { release_work(); }
 
   // torch.empty(n) on `stream`; kept until the arm ends unless freed.
   absl::StatusOr<float*> empty(std::size_t bytes, StreamHandle stream, std::string_view tag,
                                Lifetime lifetime = Lifetime::kTransient) {
-    CAPALLOC_ASSIGN_OR_RETURN(void* p, allocator_->allocate(bytes, 0, stream,
-                                                            {.lifetime = lifetime, .tag = tag}));
-    blocks_.push_back(p);
-    record_step();
+    CAPALLOC_ASSIGN_OR_RETURN(void* p, alloc(bytes, stream, tag, lifetime));
     return static_cast<float*>(p);
-  }
-  // del t
-  absl::Status del(float* p) {
-    blocks_.erase(std::find(blocks_.begin(), blocks_.end(), p));
-    absl::Status s = allocator_->deallocate(p);
-    record_step();
-    return s;
-  }
-  // After a step outside empty() and del() that may allocate (PersistentCache).
-  void record_step() {
-    if (recorder_ != nullptr) recorder_->step(*allocator_);
   }
   absl::Status launch(StreamHandle stream, KernelLaunch k) {
     return rt_->launch_kernel(stream, std::move(k));
@@ -121,22 +61,6 @@ class ArmWorld {
     return std::make_pair(t, sum);
   }
 
-  absl::StatusOr<CaptureResult> capture(PoolHandle pool, std::string label,
-                                        const std::function<absl::Status()>& body) {
-    CAPALLOC_ASSIGN_OR_RETURN(CaptureId id,
-                              tracker_->begin_capture(0, side_, {.pool = pool, .label = label}));
-    if (recorder_ != nullptr) recorder_->capture_begun(*allocator_, id, side_, pool, label);
-    absl::Status inside = body();
-    auto done = tracker_->end_capture(side_);
-    CAPALLOC_RETURN_IF_ERROR(inside);
-    if (done.ok()) {
-      graphs_.push_back(done->graph);
-      captures_.push_back({done->graph, id});
-      if (recorder_ != nullptr) recorder_->capture_ended(*allocator_, id, done->new_findings);
-    }
-    return done;
-  }
-
   // WS.fill_(CANARY); g.replay() x times; then count what is no longer canary.
   absl::StatusOr<ReplayOutcome> replay(int graph_number, GraphHandle graph, int times, float* ws) {
     ReplayOutcome out;
@@ -145,11 +69,8 @@ class ArmWorld {
     CAPALLOC_RETURN_IF_ERROR(launch(kDefaultStream, fill_kernel(ws, N, kCanary)));
     CAPALLOC_RETURN_IF_ERROR(rt_->synchronize_stream(kDefaultStream));
     for (int i = 0; i < times; ++i) {
-      absl::Status s = tracker_->replay(graph, kDefaultStream);
-      const bool refused = absl::IsFailedPrecondition(s) && tracker_->strict();
-      if (recorder_ != nullptr && (s.ok() || refused)) {
-        recorder_->replayed(*allocator_, capture_of(graph), refused);
-      }
+      bool refused = false;
+      absl::Status s = replay_once(graph, refused);
       if (refused) {
         out.refused = true;
         out.refusal = std::string(s.message());
@@ -169,26 +90,6 @@ class ArmWorld {
 
  private:
   ArmWorld() = default;
-  void observe(WorldPoint point) {
-    if (observer_) observer_(point, *allocator_);
-  }
-  CaptureId capture_of(GraphHandle graph) const {
-    for (const auto& [g, id] : captures_) {
-      if (g == graph) return id;
-    }
-    return 0;
-  }
-  WorldObserver observer_;
-  ScenarioRecorder* recorder_ = nullptr;
-  std::vector<std::pair<GraphHandle, CaptureId>> captures_;
-  std::shared_ptr<DeviceRuntime> rt_;
-  std::unique_ptr<Allocator> allocator_;
-  std::unique_ptr<CaptureTracker> tracker_;
-  std::unique_ptr<PersistentCache> cache_;
-  StreamHandle side_ = kDefaultStream;
-  std::vector<GraphHandle> graphs_;
-  std::vector<void*> blocks_;
-  std::vector<PoolHandle> pools_;
 };
 
 void append(std::vector<Finding>& to, std::vector<Finding> from) {

@@ -19,21 +19,14 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
-#include "tools/scenarios/scenario_recorder.hpp"
-#include "tools/scenarios/world_observer.hpp"
+#include "tools/scenarios/scenario_world.hpp"
 
 namespace capalloc::scenarios {
 
 inline constexpr std::size_t kArmElements = std::size_t{1} << 18;
 inline constexpr float kCanary = 1234.5f;
 
-struct ArmsOptions {
-  bool strict = false;  // the tracker refuses replays of graphs with hazards
-  bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
-  AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
-  WorldObserver observer = {};  // sees each arm's allocator (the fault-injection test)
-  ScenarioRecorder* recorder = nullptr;  // watches an arm's steps (run_arm; not run_fix)
-};
+using ArmsOptions = WorldOptions;  // scenario_world.hpp
 
 struct ReplayOutcome {
   int graph = 1;  // the seed's numbering: 1 or 2

@@ -20,6 +20,7 @@
 #include "capalloc/persistent_cache.hpp"
 #include "gemm/numeric.hpp"
 #include "tools/scenarios/kernels.hpp"
+#include "tools/scenarios/scenario_world.hpp"
 
 namespace capalloc::scenarios {
 
@@ -90,69 +91,22 @@ const GemmInputs& gemm_inputs() {
   return inputs;
 }
 
-// Everything one arm owns; released in reverse order at the end.
-class GemmWorld {
+// One arm's world (scenario_world.hpp), its GEMM and its one graph pool.
+class GemmWorld : public ScenarioWorld {
  public:
   static absl::StatusOr<std::unique_ptr<GemmWorld>> create(std::shared_ptr<DeviceRuntime> rt,
                                                            const GemmScenarioOptions& options) {
     auto w = std::unique_ptr<GemmWorld>(new GemmWorld());
-    w->rt_ = std::move(rt);
-    CAPALLOC_ASSIGN_OR_RETURN(w->allocator_, Allocator::create(w->rt_, options.allocator));
-    w->observer_ = options.observer;
-    w->recorder_ = options.recorder;
-    w->observe(WorldPoint::kCreated);
-    CAPALLOC_ASSIGN_OR_RETURN(w->tracker_,
-                              CaptureTracker::create(*w->allocator_,
-                                                     {.strict = options.strict,
-                                                      .strict_possible = options.strict_possible}));
-    w->cache_ = std::make_unique<PersistentCache>(*w->allocator_);
-    w->gemm_ = std::make_unique<SplitKGemm>(*w->allocator_, *w->cache_);
-    CAPALLOC_ASSIGN_OR_RETURN(w->side_, w->rt_->create_stream(0));
-    CAPALLOC_ASSIGN_OR_RETURN(w->pool_, w->allocator_->create_graph_pool(0));
+    CAPALLOC_RETURN_IF_ERROR(w->open(std::move(rt), options));
+    w->gemm_ = std::make_unique<SplitKGemm>(w->allocator(), w->cache());
+    CAPALLOC_ASSIGN_OR_RETURN(w->pool_, w->pool());
     return w;
   }
+  // The GEMM goes after the work and before the cache that holds its buffers.
+  ~GemmWorld() { release_work(); }
 
-  // Best effort, as ArmWorld's teardown (seed003_arms.cpp).
-  ~GemmWorld() {
-    if (allocator_ == nullptr) return;
-    observe(WorldPoint::kWorkDone);
-    if (recorder_ != nullptr && tracker_ != nullptr) recorder_->finished(*tracker_);
-    rt_->synchronize_stream(kDefaultStream).IgnoreError();
-    if (side_ != kDefaultStream) rt_->synchronize_stream(side_).IgnoreError();
-    if (tracker_ != nullptr) {
-      for (GraphHandle g : graphs_) tracker_->destroy_graph(g).IgnoreError();
-    }
-    for (void* p : blocks_) allocator_->deallocate(p).IgnoreError();
-    if (pool_ != kDefaultPool) allocator_->release_graph_pool(pool_).IgnoreError();
-    gemm_.reset();
-    cache_.reset();
-    tracker_.reset();
-    if (side_ != kDefaultStream) rt_->destroy_stream(side_).IgnoreError();
-    observe(WorldPoint::kReleased);
-  }
-
-  DeviceRuntime& rt() { return *rt_; }
-  StreamHandle side() const { return side_; }
   SplitKGemm& gemm() { return *gemm_; }
-  CaptureTracker& tracker() { return *tracker_; }
 
-  absl::StatusOr<void*> alloc(std::size_t bytes, StreamHandle stream, std::string_view tag) {
-    CAPALLOC_ASSIGN_OR_RETURN(void* p, allocator_->allocate(bytes, 0, stream, {.tag = tag}));
-    blocks_.push_back(p);
-    record_step();
-    return p;
-  }
-  absl::Status del(void* p) {
-    blocks_.erase(std::find(blocks_.begin(), blocks_.end(), p));
-    absl::Status s = allocator_->deallocate(p);
-    record_step();
-    return s;
-  }
-  // After a step outside alloc() and del() that may allocate (the GEMM's
-  // PersistentCache).
-  void record_step() {
-    if (recorder_ != nullptr) recorder_->step(*allocator_);
-  }
   // Host data into device memory, on the default stream.
   template <typename T>
   absl::StatusOr<T*> upload(const std::vector<T>& host, std::string_view tag) {
@@ -169,52 +123,21 @@ class GemmWorld {
     return host;
   }
 
+  // Every capture of the scenario goes into its one pool.
   absl::StatusOr<CaptureResult> capture(std::string label,
                                         const std::function<absl::Status()>& body) {
-    CAPALLOC_ASSIGN_OR_RETURN(CaptureId id,
-                              tracker_->begin_capture(0, side_, {.pool = pool_, .label = label}));
-    if (recorder_ != nullptr) recorder_->capture_begun(*allocator_, id, side_, pool_, label);
-    absl::Status inside = body();
-    auto done = tracker_->end_capture(side_);
-    CAPALLOC_RETURN_IF_ERROR(inside);
-    if (done.ok()) {
-      graphs_.push_back(done->graph);
-      captures_.push_back({done->graph, id});
-      if (recorder_ != nullptr) recorder_->capture_ended(*allocator_, id, done->new_findings);
-    }
-    return done;
+    return ScenarioWorld::capture(pool_, std::move(label), body);
   }
   absl::Status replay(GraphHandle g) {
-    absl::Status s = tracker_->replay(g, kDefaultStream);
-    const bool refused = absl::IsFailedPrecondition(s) && tracker_->strict();
-    if (recorder_ != nullptr && (s.ok() || refused)) {
-      CaptureId id = 0;
-      for (const auto& [graph, capture] : captures_) {
-        if (graph == g) id = capture;
-      }
-      recorder_->replayed(*allocator_, id, refused);
-    }
-    CAPALLOC_RETURN_IF_ERROR(s);
+    bool refused = false;
+    CAPALLOC_RETURN_IF_ERROR(replay_once(g, refused));
     return rt_->synchronize_stream(kDefaultStream);
   }
 
  private:
   GemmWorld() = default;
-  void observe(WorldPoint point) {
-    if (observer_) observer_(point, *allocator_);
-  }
-  WorldObserver observer_;
-  ScenarioRecorder* recorder_ = nullptr;
-  std::vector<std::pair<GraphHandle, CaptureId>> captures_;
-  std::shared_ptr<DeviceRuntime> rt_;
-  std::unique_ptr<Allocator> allocator_;
-  std::unique_ptr<CaptureTracker> tracker_;
-  std::unique_ptr<PersistentCache> cache_;
   std::unique_ptr<SplitKGemm> gemm_;
-  StreamHandle side_ = kDefaultStream;
   PoolHandle pool_ = kDefaultPool;
-  std::vector<GraphHandle> graphs_;
-  std::vector<void*> blocks_;
 };
 
 // The status quo: _get_preshuffle_split_buffers, an lru_cache keyed on

@@ -25,8 +25,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
-#include "tools/scenarios/scenario_recorder.hpp"
-#include "tools/scenarios/world_observer.hpp"
+#include "tools/scenarios/scenario_world.hpp"
 
 namespace capalloc::scenarios {
 
@@ -57,13 +56,7 @@ inline constexpr int kGemmK = 2048;
 inline constexpr int kGemmSplitK = 4;
 inline constexpr int kGemmTilesInUse = kGemmN / 64;  // tile_n = 64, M = 1: 32
 
-struct GemmScenarioOptions {
-  bool strict = false;  // the tracker refuses replays of graphs with hazards
-  bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
-  AllocatorOptions allocator = {};  // each arm's allocator (the CLI's CAPALLOC_* settings)
-  WorldObserver observer = {};  // sees the arm's allocator (the fault-injection test)
-  ScenarioRecorder* recorder = nullptr;  // watches the arm's steps (`--report`)
-};
+using GemmScenarioOptions = WorldOptions;  // scenario_world.hpp
 
 // One arm: the status quo (stream-keyed buffers allocated in the capture) or
 // capalloc's (device-keyed, preallocated). `findings_before_replay` is the
