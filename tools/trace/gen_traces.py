@@ -37,6 +37,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 
 FORMAT = "capalloc.trace/1"
 
@@ -369,36 +370,81 @@ def generate(name, out, seed, count, scale):
     return w.events
 
 
+def positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive whole number, not %s" % text)
+    return value
+
+
+def positive_scale(text):
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError("must be a positive finite number, not %s" % text)
+    return value
+
+
+def write_file(path, name, seed, count, scale):
+    """Generates into `path` through a temporary file beside it, so that a
+    failure leaves whatever was at `path` as it was; returns the events."""
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".gen_traces.",
+                                         dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from e
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            events = generate(name, out, seed, count, scale)
+        os.replace(temporary, path)
+    except BaseException as e:
+        os.unlink(temporary)
+        if isinstance(e, OSError):  # named by the path asked for, not the temporary one
+            raise OSError(e.errno, e.strerror, path) from e
+        raise
+    return events
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("generator", choices=sorted(GENERATORS) + ["all"])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--scale", type=float, default=1.0,
+    parser.add_argument("--scale", type=positive_scale, default=1.0,
                         help="multiplies the step or allocation count (default 1)")
-    parser.add_argument("--steps", "--allocs", dest="count", type=int, default=None,
+    parser.add_argument("--steps", "--allocs", dest="count", type=positive_int, default=None,
                         help="steps (decoder, training, capture) or allocations (churn, midsize)")
-    parser.add_argument("--out", help="output file (default: stdout)")
+    parser.add_argument("--out", help="output file (default: stdout); left as it was on an error")
     parser.add_argument("--out-dir", help="for `all`: the directory of the five traces")
     args = parser.parse_args(argv)
-    if args.scale <= 0:
-        parser.error("--scale must be positive")
-    if args.generator == "all":
-        if not args.out_dir:
-            parser.error("`all` needs --out-dir")
-        os.makedirs(args.out_dir, exist_ok=True)
-        for name in sorted(GENERATORS):
-            path = os.path.join(args.out_dir, name + ".jsonl")
-            with open(path, "w", encoding="utf-8") as out:
-                events = generate(name, out, args.seed, None, args.scale)
-            print("%s: %d alloc/free events" % (path, events), file=sys.stderr)
-        return 0
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as out:
-            generate(args.generator, out, args.seed, args.count, args.scale)
-    else:
-        generate(args.generator, sys.stdout, args.seed, args.count, args.scale)
+    try:
+        if args.generator == "all":
+            if not args.out_dir:
+                parser.error("`all` needs --out-dir")
+            if args.count is not None or args.out:
+                parser.error("`all` takes --scale and --out-dir; --steps, --allocs and --out "
+                             "name one generator's trace")
+            os.makedirs(args.out_dir, exist_ok=True)
+            for name in sorted(GENERATORS):
+                path = os.path.join(args.out_dir, name + ".jsonl")
+                events = write_file(path, name, args.seed, None, args.scale)
+                print("%s: %d alloc/free events" % (path, events), file=sys.stderr)
+            return 0
+        if args.out_dir:
+            parser.error("--out-dir is for `all`; one generator writes to --out or stdout")
+        if args.out:
+            write_file(args.out, args.generator, args.seed, args.count, args.scale)
+        else:
+            generate(args.generator, sys.stdout, args.seed, args.count, args.scale)
+            sys.stdout.flush()
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            # The reader stopped early (`| head`): not an error of the generator.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        print("gen_traces: %s: %s" % (e.filename or args.out or args.out_dir, e.strerror or e),
+              file=sys.stderr)
+        return 1
     return 0
 
 

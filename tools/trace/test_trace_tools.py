@@ -14,6 +14,7 @@ import tempfile
 import unittest
 
 import gen_traces
+import torch_replay
 import torch_snapshot_to_trace as converter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,7 +79,8 @@ class SnapshotConverterTest(unittest.TestCase):
             {"op": "free", "id": 3},  # free_completed with no request
         ])
         self.assertEqual(lines[1]["t"], 10000)
-        self.assertEqual(counts, {"alloc": 4, "free": 3, "dropped_free": 1, "ignored": 3})
+        self.assertEqual(counts, {"alloc": 4, "free": 3, "dropped_free": 1, "repeated_free": 0,
+                                  "ignored": 3})
         self.assertIn("# converted: 4 allocs, 3 frees; 1 frees", text)
 
     def test_other_device(self):
@@ -116,6 +118,81 @@ class SnapshotConverterTest(unittest.TestCase):
             self.assertIn("s.pickle", run.stderr)
 
 
+    def test_repeated_frees_are_dropped_and_counted(self):
+        snapshot = {"device_traces": [[event("alloc", 0x10, 8), event("free", 0x10, 8),
+                                       event("free", 0x10, 8), event("free_requested", 0x20, 8)]]}
+        text, counts = self.convert(snapshot)
+        self.assertEqual(read_lines(text)[1:], [{"op": "alloc", "id": 1, "size": 8, "stream": 0},
+                                                {"op": "free", "id": 1}])
+        self.assertEqual((counts["repeated_free"], counts["dropped_free"]), (1, 1))
+
+    def test_events_it_cannot_convert_are_named(self):
+        cases = [
+            ([{"action": "alloc", "size": 8, "stream": 0}], "event 0 \\(alloc\\): 'addr' is None"),
+            ([event("alloc", 0x10, 1 << 70)], "event 0: alloc of size"),
+            ([event("alloc", 0x10, 8), {"action": "alloc", "addr": 0x20, "stream": 0}],
+             "event 1 \\(alloc\\): 'size' is None"),
+            ([event("alloc", 0x10, 8, time_us="abc")], "'time_us' is not a number"),
+            ([3], "event 0: not a dict but int"),
+        ]
+        for events, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaisesRegex(ValueError, message):
+                    self.convert({"device_traces": [events]})
+
+    def test_a_tag_is_valid_utf8(self):
+        frames = [{"filename": "\udcff.py", "line": 3, "name": "f"}]
+        text, _ = self.convert({"device_traces": [[event("alloc", 0x10, 8, frames=frames)]]},
+                               tags=True)
+        self.assertEqual(read_lines(text)[1]["tag"], "\\udcff.py:3:f")
+        text.encode("utf-8")  # no lone surrogate left
+
+    def test_a_failed_conversion_leaves_out_as_it_was(self):
+        script = os.path.join(HERE, "torch_snapshot_to_trace.py")
+        with tempfile.TemporaryDirectory() as tmp:
+            path, out = os.path.join(tmp, "s.pickle"), os.path.join(tmp, "t.jsonl")
+            with open(out, "w") as f:
+                f.write("kept\n")
+            for snapshot in ({}, {"device_traces": [[event("alloc", 1, 8), event("alloc", 2, 0)]]}):
+                with open(path, "wb") as f:
+                    pickle.dump(snapshot, f)
+                run = subprocess.run([sys.executable, script, path, "--out", out],
+                                     capture_output=True, text=True)
+                self.assertEqual(run.returncode, 1)
+                self.assertTrue(run.stderr.startswith("torch_snapshot_to_trace: "), run.stderr)
+                self.assertNotIn("Traceback", run.stderr)
+                with open(out) as f:
+                    self.assertEqual(f.read(), "kept\n")
+            self.assertEqual(sorted(os.listdir(tmp)), ["s.pickle", "t.jsonl"])  # no temporary left
+            for data, message in ((b"", "not a pickle"), (b"\x7fELF", "not a pickle")):
+                with open(path, "wb") as f:
+                    f.write(data)
+                run = subprocess.run([sys.executable, script, path], capture_output=True, text=True)
+                self.assertEqual(run.returncode, 1)
+                self.assertIn(message, run.stderr)
+                self.assertEqual(run.stdout, "")
+            run = subprocess.run([sys.executable, script, os.path.join(tmp, "absent.pickle")],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 1)
+            self.assertIn("absent.pickle: No such file", run.stderr)
+
+
+class TorchReplayTest(unittest.TestCase):
+    def test_reads_what_the_cpp_replay_reads(self):
+        """Comments are skipped and the trace's stream 0 is the current stream,
+        whichever stream comes first, as in `capalloc bench-replay`."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.jsonl")
+            with open(path, "w") as f:
+                f.write('{"format":"capalloc.trace/1","source":"t"}\n# a comment\n\n'
+                        '{"op":"alloc","id":1,"size":64,"stream":5}\n'
+                        '{"op":"alloc","id":2,"size":64,"stream":0}\n'
+                        '{"op":"free","id":1}\n{"op":"free","id":2}\n# converted: ...\n')
+            ops, streams = torch_replay.read_trace(path)
+        self.assertEqual(ops, [("alloc", 1, 64, 1), ("alloc", 2, 64, 0), ("free", 1), ("free", 2)])
+        self.assertEqual(streams, 2)
+
+
 class GeneratorTest(unittest.TestCase):
     def generate(self, name, seed=1, scale=0.01):
         out = io.StringIO()
@@ -148,6 +225,25 @@ class GeneratorTest(unittest.TestCase):
         for name in sorted(gen_traces.GENERATORS):
             with self.subTest(name=name):
                 self.check_valid(self.generate(name))
+
+    def test_command_line_refuses_what_it_would_ignore(self):
+        script = os.path.join(HERE, "gen_traces.py")
+        with tempfile.TemporaryDirectory() as tmp:
+            for args in (["churn", "--allocs", "0"], ["decoder", "--steps", "-5"],
+                         ["churn", "--scale", "nan"], ["churn", "--scale", "inf"],
+                         ["all", "--out-dir", tmp, "--steps", "5"], ["churn", "--out-dir", tmp]):
+                with self.subTest(args=args):
+                    run = subprocess.run([sys.executable, script] + args, capture_output=True,
+                                         text=True)
+                    self.assertEqual(run.returncode, 2, run.stderr)
+                    self.assertEqual(run.stdout, "")
+                    self.assertEqual(os.listdir(tmp), [])
+            run = subprocess.run([sys.executable, script, "churn", "--allocs", "10", "--out",
+                                  os.path.join(tmp, "absent", "t.jsonl")], capture_output=True,
+                                 text=True)
+            self.assertEqual(run.returncode, 1)
+            self.assertIn("absent/t.jsonl: No such file or directory", run.stderr)
+            self.assertNotIn("Traceback", run.stderr)
 
     def test_workload_shapes(self):
         churn, _ = self.check_valid(self.generate("churn"))

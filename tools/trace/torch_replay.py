@@ -24,12 +24,14 @@ BATCH_OPS = 256
 
 def read_trace(path):
     """(ops, stream count): ops as ("alloc", id, size, stream) or ("free", id)."""
-    ops, streams = [], {}
+    # The trace's stream 0 is the default stream, as in `capalloc bench-replay`;
+    # the others are numbered in order of appearance.
+    ops, streams = [], {0: 0}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
-            if not line:
-                continue
+            if not line or line.startswith("#"):
+                continue  # blank lines and comments (docs/trace.md)
             event = json.loads(line)
             op = event.get("op")
             if op is None:
@@ -43,7 +45,6 @@ def read_trace(path):
                 continue  # the caching allocator's record_stream needs a tensor
             elif op in ("capture_begin", "capture_end", "replay", "graph_destroy"):
                 raise SystemExit(f"{path}:{number}: a trace with captures is not replayed through PyTorch")
-    streams.setdefault(0, 0)
     return ops, len(streams)
 
 
