@@ -140,6 +140,43 @@ def main():
                          capture_output=True, text=True)
     check(run.returncode == 2, "a missing file: exit %d" % run.returncode)
 
+    # What a new user's probe found (2026-12-06). A pipe is refused up front
+    # (each replay reopens the trace), as is a trace with nothing to time.
+    fifo = os.path.join(work, "fifo")
+    if not os.path.exists(fifo):  # left by an earlier run in the same directory
+        os.mkfifo(fifo)
+    run = subprocess.run([capalloc, "bench", "--allocators", "capalloc", fifo],
+                         capture_output=True, text=True, timeout=60)
+    check(run.returncode == 1 and "fifo: not a regular file" in run.stderr,
+          "a FIFO: exit %d, %s" % (run.returncode, run.stderr))
+    empty = os.path.join(work, "header_only.jsonl")
+    with open(empty, "w") as f:
+        f.write('{"format": "capalloc.trace/1"}\n')
+    run = subprocess.run([capalloc, "bench", "--allocators", "capalloc", empty],
+                         capture_output=True, text=True)
+    check(run.returncode == 1 and "header_only.jsonl: no alloc or free to replay" in run.stderr,
+          "a trace without operations: exit %d, %s" % (run.returncode, run.stderr))
+    # A failed replay names the trace's line.
+    huge = os.path.join(work, "huge.jsonl")
+    with open(huge, "w") as f:
+        f.write('{"format": "capalloc.trace/1"}\n# one comment\n'
+                '{"op": "alloc", "id": 1, "size": 9223372036854775807, "stream": 0}\n')
+    run = subprocess.run([capalloc, "bench", "--allocators", "capalloc", huge],
+                         capture_output=True, text=True)
+    check(run.returncode == 1 and "huge.jsonl:3: alloc of 9223372036854775807 bytes failed"
+          in run.stderr, "a failed replay: exit %d, %s" % (run.returncode, run.stderr))
+    # A file name beginning with '-' and one that is not UTF-8 replay like any
+    # other; the JSON stays valid.
+    odd = os.fsencode(work) + b"/-bad\xffname.jsonl"
+    with open(odd, "wb") as f, open(paths[1], "rb") as src:
+        f.write(src.read())
+    run = subprocess.run([os.fsencode(capalloc), b"bench", b"--json", b"--repetitions", b"1",
+                          b"--allocators", b"capalloc,naive", b"--", odd], capture_output=True)
+    check(run.returncode == 0, "an odd file name: exit %d, %s" % (run.returncode, run.stderr))
+    if run.returncode == 0:
+        results = json.loads(run.stdout)["traces"][0]["results"]
+        check(all(r["status"] == "ok" for r in results), "an odd file name: %s" % results)
+
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
 

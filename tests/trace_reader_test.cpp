@@ -66,6 +66,8 @@ TEST_CASE("a trace decodes into dense slots, streams and pools") {
   CHECK(trace->ops[4].index == trace->ops[0].index);
   CHECK(trace->ops[5].kind == OpKind::kCaptureBegin);
   CHECK(trace->ops[5].pool == 0);
+  // Each event's line, for a replay's messages (comments and blank lines count).
+  CHECK(trace->op_lines == std::vector<std::uint32_t>{4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
 }
 
 TEST_CASE("a free of an unknown id is refused, naming the line") {
@@ -103,6 +105,10 @@ TEST_CASE("a line that is not JSON is refused, naming the line") {
                                     R"({"op": "free", "id": 1)" "\n");
   CHECK_THAT(error, Catch::Contains("t.jsonl:3: not valid JSON"));
   CHECK_THAT(refusal(kHeader + "\n[1, 2]\n"), Catch::Contains("t.jsonl:2: not a JSON object"));
+  // The parser's reason is passed on: here, bytes that are not UTF-8.
+  CHECK_THAT(refusal(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": 0, "tag": ")"
+                     "\xff\xfe\"}\n"),
+             Catch::Contains("t.jsonl:2: not valid JSON (") && Catch::Contains("UTF-8"));
 }
 
 TEST_CASE("a missing or wrong header is refused") {
@@ -134,6 +140,9 @@ TEST_CASE("capture events out of order are refused, naming the line") {
   CHECK_THAT(refusal(begin + R"({"op": "capture_begin", "capture": 2, "stream": 1})"),
              Catch::Contains("t.jsonl:3: capture 2 begins on stream 1, which capture 1 is still capturing"));
   CHECK_THAT(refusal(begin), Catch::Contains("capture 1 never ends"));
+  // The default stream cannot be captured: refused here, not in the replay.
+  CHECK_THAT(refusal(kHeader + "\n# a comment\n" R"({"op": "capture_begin", "capture": 9, "stream": 0})"),
+             Catch::Contains("t.jsonl:3: capture 9 begins on stream 0, the default stream"));
   CHECK_THAT(refusal(begin + R"({"op": "capture_end", "capture": 1})" "\n"
                      R"({"op": "graph_destroy", "capture": 1})" "\n" R"({"op": "replay", "capture": 1})"),
              Catch::Contains("t.jsonl:5: replay of capture 1, which is destroyed"));

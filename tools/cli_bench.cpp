@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -128,12 +129,17 @@ AllocatorSetup setup_allocator(const std::string& name) {
 absl::StatusOr<std::string> run_replay_child(const AllocatorSetup& allocator,
                                              const std::string& trace_path, bool counted,
                                              const std::vector<std::string>& wrapper) {
+  // The child gets the path whole: a relative one beginning with '-' would
+  // read as an option there.
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(trace_path, ec);
+  const std::string child_path = ec ? trace_path : absolute.string();
   std::vector<std::string> argv = wrapper;
   if (!allocator.command.empty()) {
     argv.insert(argv.end(), allocator.command.begin(), allocator.command.end());
-    argv.push_back(trace_path);
+    argv.push_back(child_path);
   } else {
-    for (const std::string& a : {trace::self_executable(), std::string("bench-replay"), trace_path,
+    for (const std::string& a : {trace::self_executable(), std::string("bench-replay"), child_path,
                                  std::string("--allocator"), allocator.name}) {
       argv.push_back(a);
     }
@@ -483,8 +489,20 @@ void print_trace(const Json& t) {
 int bench_command(const BenchFlags& flags) {
   std::vector<trace::Trace> traces;
   for (const std::string& path : flags.traces) {
+    // Each replay reads the trace again, in a process of its own: a pipe
+    // would be empty (or block) for all but the first reader.
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          path, ": not a regular file (a pipe or a device?): each allocator's replay reads the "
+                "trace again in a process of its own; save it to a file first")));
+    }
     auto t = trace::read_trace(path);
     if (!t.ok()) return fail(t.status());
+    if (t->operations() == 0) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          path, ": no alloc or free to replay (a time per operation needs operations)")));
+    }
     traces.push_back(*std::move(t));
   }
   if (flags.callgrind) return callgrind_command(flags.traces, traces, flags.allocators, flags.json);
@@ -516,7 +534,7 @@ int bench_command(const BenchFlags& flags) {
   }
   out["traces"] = trace_list;
   if (flags.json) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
   } else {
     const Json& m = out["machine"];
     std::printf("capalloc bench: %d repetition(s), each allocator in a fresh process (a warm-up "
@@ -595,7 +613,7 @@ void add_bench_command(CLI::App& app, Runner& run) {
     run = [options] {
       auto result = trace::run_replay(*options);
       if (!result.ok()) return fail(result.status());
-      std::printf("%s\n", result->dump().c_str());
+      std::printf("%s\n", bench::json_text(*result).c_str());
       return 0;
     };
   });

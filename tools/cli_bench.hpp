@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "tools/trace/child_process.hpp"
 #include "tools/trace/trace_reader.hpp"
@@ -34,6 +36,12 @@ struct AllocatorSetup {
 };
 
 AllocatorSetup setup_allocator(const std::string& name);
+
+// A result as JSON text. Bytes that are not UTF-8 (a trace's file name can
+// hold any) become U+FFFD rather than an exception.
+inline std::string json_text(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 // Runs `capalloc bench-replay` for one trace and allocator in a child (under
 // `wrapper` first, e.g. valgrind's arguments, when not empty) and returns

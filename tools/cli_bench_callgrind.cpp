@@ -76,13 +76,22 @@ Json measure_one(const AllocatorSetup& setup, const std::string& path, const tra
                                {"valgrind", "--tool=callgrind", "--callgrind-out-file=" + out_file,
                                 "--toggle-collect=*counted_replay_pass*"});
   if (!line.ok()) {
+    std::remove(out_file.c_str());  // what valgrind wrote before the replay failed
     r["status"] = "failed";
     r["reason"] = std::string(line.status().message());
     return r;
   }
   const double total = callgrind_total(out_file);
   auto annotated = trace::run_child({"callgrind_annotate", "--inclusive=yes", out_file}, {});
-  const std::string text = annotated.ok() ? annotated->out : std::string();
+  const bool split = annotated.ok() && annotated->exit_code == 0;
+  if (!split) {
+    r["note"] = absl::StrCat("callgrind_annotate did not run (",
+                             absl::StripAsciiWhitespace(annotated.ok()
+                                                            ? absl::string_view(annotated->err)
+                                                            : annotated.status().message()),
+                             "): no split into allocations and frees");
+  }
+  const std::string text = split ? annotated->out : std::string();
   const double allocs = static_cast<double>(trace.allocs), frees = static_cast<double>(trace.frees);
   auto finite = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   r["status"] = "ok";
@@ -141,7 +150,7 @@ int callgrind_command(const std::vector<std::string>& trace_paths,
   }
   rmdir(dir);
   if (json) {
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", json_text(out, 2).c_str());
     return failed ? 1 : 0;
   }
   auto num = [](const Json& r, const char* key) {
@@ -166,6 +175,7 @@ int callgrind_command(const std::vector<std::string>& trace_paths,
                   r.contains("pair_vs_capalloc")
                       ? absl::StrFormat("%.2f", r["pair_vs_capalloc"].get<double>()).c_str()
                       : "n/a");
+      if (r.contains("note")) std::printf("    %s\n", r["note"].get<std::string>().c_str());
     }
   }
   return failed ? 1 : 0;

@@ -38,6 +38,8 @@ class Decoder {
   absl::Status error(const std::string& message) const {
     return absl::InvalidArgumentError(absl::StrCat(trace_.name, ":", line_, ": ", message));
   }
+  // Appends an event, noting the line it came from.
+  void push(TraceOp op);
   absl::Status header(const Json& object);
   absl::Status event(const Json& object);
   absl::StatusOr<std::int64_t> integer(const Json& object, const char* member) const;
@@ -61,12 +63,28 @@ class Decoder {
   std::uint64_t live_bytes_ = 0;
 };
 
+void Decoder::push(TraceOp op) {
+  trace_.ops.push_back(op);
+  trace_.op_lines.push_back(static_cast<std::uint32_t>(line_));
+}
+
 absl::Status Decoder::line(std::size_t number, std::string_view text) {
   line_ = number;
   const std::size_t first = text.find_first_not_of(" \t\r");
   if (first == std::string_view::npos || text[first] == '#') return absl::OkStatus();
   const Json object = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (object.is_discarded()) return error("not valid JSON");
+  if (object.is_discarded()) {
+    // Parsed again for the parser's reason (malformed UTF-8, an unclosed
+    // string, ...): on this line only, which is refused anyway.
+    std::string reason;
+    try {
+      [[maybe_unused]] const Json strict = Json::parse(text);  // throws: the lenient parse failed
+    } catch (const Json::parse_error& e) {
+      reason = e.what();
+    }
+    return error(reason.empty() ? std::string("not valid JSON")
+                                : absl::StrCat("not valid JSON (", reason, ")"));
+  }
   if (!object.is_object()) return error("not a JSON object");
   return have_header_ ? event(object) : header(object);
 }
@@ -165,7 +183,7 @@ absl::Status Decoder::alloc(const Json& object) {
   live_sizes_[slot] = bytes;
   live_bytes_ += bytes;
   if (live_bytes_ > trace_.peak_requested_bytes) trace_.peak_requested_bytes = live_bytes_;
-  trace_.ops.push_back({.size = bytes, .index = slot, .stream = *dense_stream, .kind = OpKind::kAlloc});
+  push({.size = bytes, .index = slot, .stream = *dense_stream, .kind = OpKind::kAlloc});
   ++trace_.allocs;
   return absl::OkStatus();
 }
@@ -194,7 +212,7 @@ absl::Status Decoder::free_or_record(const Json& object, OpKind kind) {
     free_slots_.push_back(slot);
     ++trace_.frees;
   }
-  trace_.ops.push_back(op);
+  push(op);
   return absl::OkStatus();
 }
 
@@ -204,6 +222,10 @@ absl::Status Decoder::capture_begin(const Json& object) {
   if (auto s = check_device(object); !s.ok()) return s;
   auto dense_stream = stream(object);
   if (!dense_stream.ok()) return dense_stream.status();
+  if (*dense_stream == 0) {
+    return error(absl::StrCat("capture ", *id, " begins on stream 0, the default stream, which "
+                              "cannot be captured (CUDA refuses it): capture on a stream of its own"));
+  }
   if (captures_.count(*id) != 0) return error(absl::StrCat("capture ", *id, " is begun twice"));
   if (const auto busy = capturing_.find(*dense_stream); busy != capturing_.end()) {
     return error(absl::StrCat("capture ", *id, " begins on stream ", trace_.stream_ids[*dense_stream],
@@ -220,7 +242,7 @@ absl::Status Decoder::capture_begin(const Json& object) {
   const auto index = static_cast<std::uint32_t>(trace_.captures++);
   captures_.emplace(*id, CaptureEntry{.index = index, .stream = *dense_stream});
   capturing_.emplace(*dense_stream, *id);
-  trace_.ops.push_back({.index = index, .stream = *dense_stream, .pool = pool,
+  push({.index = index, .stream = *dense_stream, .pool = pool,
                         .kind = OpKind::kCaptureBegin});
   return absl::OkStatus();
 }
@@ -249,7 +271,7 @@ absl::Status Decoder::capture_event(const Json& object, OpKind kind) {
   } else {
     ++trace_.replays;
   }
-  trace_.ops.push_back({.index = capture.index, .stream = capture.stream, .kind = kind});
+  push({.index = capture.index, .stream = capture.stream, .kind = kind});
   return absl::OkStatus();
 }
 

@@ -56,6 +56,7 @@ struct Trace {
   std::string name;    // the file, as errors name it
   std::string source;  // the header's `source`
   std::vector<TraceOp> ops;
+  std::vector<std::uint32_t> op_lines;   // the line of each of ops, for messages
   std::size_t slots = 0;                 // most blocks live at once
   std::vector<std::int64_t> stream_ids;  // dense stream -> the trace's stream number
   std::size_t captures = 0;
