@@ -1,6 +1,7 @@
 // tools/trace/trace_reader.cpp: see trace_reader.hpp.
 #include "tools/trace/trace_reader.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <unordered_map>
 #include <utility>
@@ -303,6 +304,10 @@ absl::StatusOr<Trace> parse_trace(std::istream& in, std::string_view name) {
 }
 
 absl::StatusOr<Trace> read_trace(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a directory, not a trace file"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace"));
   return parse_trace(in, path);
