@@ -25,6 +25,7 @@
 #include "capalloc/audit.hpp"
 #include "tools/cli.hpp"
 #include "tools/terminal_text.hpp"
+#include "tools/trace/json_error.hpp"
 
 namespace capalloc::cli {
 
@@ -155,15 +156,8 @@ int trace_command(const AuditFlags& flags) {
     ++number;
     const auto first = line.find_first_not_of(" \t\r");
     if (first == std::string::npos || line[first] == '#') continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      // "[json.exception.parse_error.101] parse error at line 1, column 9: why"
-      std::string why = e.what();
-      if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
-      return refuse("invalid JSON (" + why + ")");
-    }
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return refuse("invalid JSON (" + trace::json_error(line) + ")");
     if (!j.is_object()) return refuse("not a JSON object");
     if (header) {
       if (!j.contains("format") || !j["format"].is_string() ||

@@ -430,8 +430,10 @@ Json trace_json(const std::string& path, const trace::Trace& trace, const std::v
 }
 
 void print_trace(const Json& t) {
-  std::printf("\n%s (%s): %s operations (%s allocs, %s frees), peak requested %s",
-              t["path"].get<std::string>().c_str(), t["source"].get<std::string>().c_str(),
+  const std::string source = t["source"].get<std::string>();
+  std::printf("\n%s%s: %s operations (%s allocs, %s frees), peak requested %s",
+              t["path"].get<std::string>().c_str(),
+              source.empty() ? "" : absl::StrCat(" (", source, ")").c_str(),
               std::to_string(t["operations"].get<std::uint64_t>()).c_str(),
               std::to_string(t["allocs"].get<std::uint64_t>()).c_str(),
               std::to_string(t["frees"].get<std::uint64_t>()).c_str(),

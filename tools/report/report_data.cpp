@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
+#include "tools/trace/json_error.hpp"
 
 namespace capalloc::report {
 
@@ -24,21 +25,7 @@ constexpr absl::string_view kSnapshotSchema = "capalloc.snapshot/";
 constexpr int kSnapshotVersions[] = {1, 2, 3, 4};
 constexpr char kTraceFormat[] = "capalloc.trace/1";
 
-// nlohmann's message for why `text` is not JSON ("invalid string: surrogate
-// U+D800..U+DBFF must be followed by U+DC00..U+DFFF", "unexpected end of
-// input", ...), or "" when it parses.
-std::string json_error(absl::string_view text) {
-  try {
-    Json parsed = Json::parse(text.begin(), text.end());
-    if (parsed.is_discarded()) return "not JSON";
-  } catch (const Json::parse_error& e) {
-    std::string why = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, column 9: ..."
-    if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
-    return why;
-  }
-  return "";
-}
+using trace::json_error;  // tools/trace/json_error.hpp
 
 absl::Status add_snapshot(Json document, const std::string& source, ReportData& data) {
   if (!data.snapshot.is_null()) {
@@ -68,8 +55,9 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
     if (content.empty() || content.front() == '#') continue;
     Json object = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
     if (object.is_discarded()) {
+      const std::string why = json_error(std::string_view(content.data(), content.size()));
       return absl::InvalidArgumentError(absl::StrCat(source, ":", line_number, ": invalid JSON (",
-                                                     json_error(content), ") (docs/trace.md)"));
+                                                     why, ") (docs/trace.md)"));
     }
     if (!object.is_object()) {
       return absl::InvalidArgumentError(

@@ -32,12 +32,12 @@ the same file, byte for byte. Python's standard library only.
 
 import argparse
 import heapq
+import io
 import json
 import math
 import os
 import random
 import sys
-import tempfile
 
 FORMAT = "capalloc.trace/1"
 
@@ -357,8 +357,11 @@ GENERATORS = {
 
 def generate(name, out, seed, count, scale):
     function, argument, default = GENERATORS[name]
-    n = scaled(default if count is None else count, scale)
-    source = "tools/trace/gen_traces.py %s --%s %d --seed %d" % (name, argument, n, seed)
+    given = default if count is None else count
+    n = scaled(given, scale)
+    # The command that makes this trace again: the count before scaling.
+    source = "tools/trace/gen_traces.py %s --%s %d --seed %d" % (name, argument,
+                                                                given if scale != 1 else n, seed)
     if scale != 1:
         source += " --scale %g" % scale
     w = TraceWriter(out, source)
@@ -385,22 +388,13 @@ def positive_scale(text):
 
 
 def write_file(path, name, seed, count, scale):
-    """Generates into `path` through a temporary file beside it, so that a
-    failure leaves whatever was at `path` as it was; returns the events."""
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=".gen_traces.",
-                                         dir=os.path.dirname(os.path.abspath(path)))
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            events = generate(name, out, seed, count, scale)
-        os.replace(temporary, path)
-    except BaseException as e:
-        os.unlink(temporary)
-        if isinstance(e, OSError):  # named by the path asked for, not the temporary one
-            raise OSError(e.errno, e.strerror, path) from e
-        raise
+    """Generates the whole trace, then writes it to `path` (through a link,
+    into a pipe or a device as into a file): a failure while generating
+    leaves `path` as it was. Returns the events."""
+    buffer = io.StringIO()
+    events = generate(name, buffer, seed, count, scale)
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(buffer.getvalue())
     return events
 
 
@@ -432,9 +426,14 @@ def main(argv=None):
             return 0
         if args.out_dir:
             parser.error("--out-dir is for `all`; one generator writes to --out or stdout")
-        if args.out:
+        if args.out == "" or args.out_dir == "":
+            parser.error("an empty path: name a file (or leave --out out for stdout)")
+        if args.out is not None:
             write_file(args.out, args.generator, args.seed, args.count, args.scale)
         else:
+            if sys.stdout is None:
+                print("gen_traces: stdout is closed: name a file with --out", file=sys.stderr)
+                return 1
             generate(args.generator, sys.stdout, args.seed, args.count, args.scale)
             sys.stdout.flush()
     except OSError as e:
@@ -442,8 +441,8 @@ def main(argv=None):
             # The reader stopped early (`| head`): not an error of the generator.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        print("gen_traces: %s: %s" % (e.filename or args.out or args.out_dir, e.strerror or e),
-              file=sys.stderr)
+        where = e.filename or args.out or args.out_dir or "<stdout>"
+        print("gen_traces: %s: %s" % (where, e.strerror or e), file=sys.stderr)
         return 1
     return 0
 

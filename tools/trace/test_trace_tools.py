@@ -132,7 +132,9 @@ class SnapshotConverterTest(unittest.TestCase):
             ([event("alloc", 0x10, 1 << 70)], "event 0: alloc of size"),
             ([event("alloc", 0x10, 8), {"action": "alloc", "addr": 0x20, "stream": 0}],
              "event 1 \\(alloc\\): 'size' is None"),
-            ([event("alloc", 0x10, 8, time_us="abc")], "'time_us' is not a number"),
+            ([event("alloc", 0x10, 8, time_us="abc")], "'time_us' is 'abc', not a time"),
+            ([event("alloc", 0x10, 8, time_us=float("inf"))], "'time_us' is inf, not a time"),
+            ([event("alloc", 0x10, 8, time_us=10 ** 400)], "not a time in microseconds"),
             ([3], "event 0: not a dict but int"),
         ]
         for events, message in cases:
@@ -163,7 +165,18 @@ class SnapshotConverterTest(unittest.TestCase):
                 self.assertNotIn("Traceback", run.stderr)
                 with open(out) as f:
                     self.assertEqual(f.read(), "kept\n")
-            self.assertEqual(sorted(os.listdir(tmp)), ["s.pickle", "t.jsonl"])  # no temporary left
+            self.assertEqual(sorted(os.listdir(tmp)), ["s.pickle", "t.jsonl"])  # nothing else written
+            # A link is written through, not replaced.
+            with open(path, "wb") as f:
+                pickle.dump(synthetic_snapshot(), f)
+            link = os.path.join(tmp, "link.jsonl")
+            os.symlink(out, link)
+            run = subprocess.run([sys.executable, script, path, "--out", link],
+                                 capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertTrue(os.path.islink(link))
+            with open(out) as f:
+                self.assertEqual(len(read_lines(f.read())), 8)
             for data, message in ((b"", "not a pickle"), (b"\x7fELF", "not a pickle")):
                 with open(path, "wb") as f:
                     f.write(data)
@@ -191,6 +204,15 @@ class TorchReplayTest(unittest.TestCase):
             ops, streams = torch_replay.read_trace(path)
         self.assertEqual(ops, [("alloc", 1, 64, 1), ("alloc", 2, 64, 0), ("free", 1), ("free", 2)])
         self.assertEqual(streams, 2)
+
+    def test_a_byte_order_mark_and_a_lone_carriage_return(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "t.jsonl")
+            with open(path, "wb") as f:
+                f.write(b'\xef\xbb\xbf{"format":"capalloc.trace/1"}\r\n'
+                        b'{"op":"alloc",\r"id":1,"size":8,"stream":0}\n{"op":"free","id":1}\n')
+            ops, _ = torch_replay.read_trace(path)
+        self.assertEqual(ops, [("alloc", 1, 8, 0), ("free", 1)])
 
 
 class GeneratorTest(unittest.TestCase):
@@ -226,12 +248,25 @@ class GeneratorTest(unittest.TestCase):
             with self.subTest(name=name):
                 self.check_valid(self.generate(name))
 
+    def test_the_recorded_command_makes_the_trace_again(self):
+        for name in sorted(gen_traces.GENERATORS):
+            with self.subTest(name=name):
+                text = self.generate(name, scale=0.01)
+                argv = json.loads(text.splitlines()[0])["source"].split()[1:]
+                out = io.StringIO()
+                args = dict(zip(argv[1::2], argv[2::2]))
+                count = int(args.get("--steps", args.get("--allocs")))
+                gen_traces.generate(argv[0], out, int(args["--seed"]), count,
+                                    float(args.get("--scale", 1)))
+                self.assertEqual(out.getvalue(), text)
+
     def test_command_line_refuses_what_it_would_ignore(self):
         script = os.path.join(HERE, "gen_traces.py")
         with tempfile.TemporaryDirectory() as tmp:
             for args in (["churn", "--allocs", "0"], ["decoder", "--steps", "-5"],
                          ["churn", "--scale", "nan"], ["churn", "--scale", "inf"],
-                         ["all", "--out-dir", tmp, "--steps", "5"], ["churn", "--out-dir", tmp]):
+                         ["all", "--out-dir", tmp, "--steps", "5"], ["churn", "--out-dir", tmp],
+                         ["churn", "--out", ""]):
                 with self.subTest(args=args):
                     run = subprocess.run([sys.executable, script] + args, capture_output=True,
                                          text=True)

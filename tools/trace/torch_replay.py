@@ -27,7 +27,8 @@ def read_trace(path):
     # The trace's stream 0 is the default stream, as in `capalloc bench-replay`;
     # the others are numbered in order of appearance.
     ops, streams = [], {0: 0}
-    with open(path, encoding="utf-8") as f:
+    # As the C++ reader: a byte-order mark is skipped, and only "\n" ends a line.
+    with open(path, encoding="utf-8-sig", newline="\n") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if not line or line.startswith("#"):

@@ -43,10 +43,8 @@ reported as such.
 import argparse
 import io
 import json
-import os
 import pickle
 import sys
-import tempfile
 
 FORMAT = "capalloc.trace/1"
 
@@ -118,8 +116,10 @@ def convert(snapshot, out, device=0, tags=False):
         line = {}
         if "time_us" in event:
             time_us = event["time_us"]
-            if not isinstance(time_us, (int, float)) or isinstance(time_us, bool) or time_us != time_us:
-                raise ValueError("event %d (%s): 'time_us' is not a number" % (index, action))
+            if (not isinstance(time_us, (int, float)) or isinstance(time_us, bool)
+                    or not abs(time_us) < 2 ** 53):  # false for NaN and infinities too
+                raise ValueError("event %d (%s): 'time_us' is %r, not a time in microseconds"
+                                 % (index, action, time_us))
             line["t"] = int(time_us * 1000)
         if action == "alloc":
             previous = live.pop(addr, None)
@@ -178,22 +178,13 @@ def convert(snapshot, out, device=0, tags=False):
 
 
 def write_trace(path, snapshot, device, tags):
-    """Converts into `path` through a temporary file beside it: a failed
-    conversion leaves whatever was at `path` as it was."""
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=".torch_snapshot_to_trace.", dir=directory)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror, path) from e
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            counts = convert(snapshot, out, device, tags)
-        os.replace(temporary, path)
-    except BaseException as e:
-        os.unlink(temporary)
-        if isinstance(e, OSError):  # named by the path asked for, not the temporary one
-            raise OSError(e.errno, e.strerror, path) from e
-        raise
+    """Converts the whole trace, then writes it to `path` (through a link,
+    into a pipe or a device as into a file): a conversion that fails leaves
+    `path` as it was."""
+    buffer = io.StringIO()
+    counts = convert(snapshot, buffer, device, tags)
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(buffer.getvalue())
     return counts
 
 
@@ -210,15 +201,22 @@ def main(argv=None):
         with open(args.snapshot, "rb") as f:
             data = f.read()
         snapshot = load_snapshot(data)
-        if args.out:
+        if args.out == "":
+            parser.error("--out '': name a file (or leave --out out for stdout)")
+        if args.out is not None:
             counts = write_trace(args.out, snapshot, args.device, args.tags)
+        elif sys.stdout is None:
+            print("torch_snapshot_to_trace: stdout is closed: name a file with --out",
+                  file=sys.stderr)
+            return 1
         else:
             # To stdout: the trace is built first, so an error prints no partial trace.
             buffer = io.StringIO()
             counts = convert(snapshot, buffer, args.device, args.tags)
             sys.stdout.write(buffer.getvalue())
     except OSError as e:  # the snapshot unreadable, or --out unwritable
-        where = args.snapshot if e.filename == args.snapshot else (args.out or e.filename)
+        where = args.snapshot if e.filename == args.snapshot else (args.out or e.filename
+                                                                    or "<stdout>")
         print("torch_snapshot_to_trace: %s: %s" % (where, e.strerror or e), file=sys.stderr)
         return 1
     except (ValueError, pickle.UnpicklingError) as e:

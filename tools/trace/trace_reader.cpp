@@ -1,6 +1,8 @@
 // tools/trace/trace_reader.cpp: see trace_reader.hpp.
 #include "tools/trace/trace_reader.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <unordered_map>
@@ -10,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tools/trace/json_error.hpp"
 
 namespace capalloc::trace {
 
@@ -75,14 +78,9 @@ absl::Status Decoder::line(std::size_t number, std::string_view text) {
   if (first == std::string_view::npos || text[first] == '#') return absl::OkStatus();
   const Json object = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (object.is_discarded()) {
-    // Parsed again for the parser's reason (malformed UTF-8, an unclosed
-    // string, ...): on this line only, which is refused anyway.
-    std::string reason;
-    try {
-      [[maybe_unused]] const Json strict = Json::parse(text);  // throws: the lenient parse failed
-    } catch (const Json::parse_error& e) {
-      reason = e.what();
-    }
+    // Parsed again for the parser's reason: on this line only, which is
+    // refused anyway.
+    const std::string reason = json_error(text);
     return error(reason.empty() ? std::string("not valid JSON")
                                 : absl::StrCat("not valid JSON (", reason, ")"));
   }
@@ -309,7 +307,10 @@ absl::StatusOr<Trace> read_trace(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": a directory, not a trace file"));
   }
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace"));
+  if (!in) {
+    const int error = errno;  // what open(2) said: missing, or not readable
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace: ", std::strerror(error)));
+  }
   return parse_trace(in, path);
 }
 
