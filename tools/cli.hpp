@@ -24,6 +24,7 @@
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
 #include "tools/report/scenario_trace.hpp"
+#include "tools/scenarios/scenario_world.hpp"
 
 namespace capalloc::cli {
 
@@ -90,6 +91,19 @@ absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const 
 // `capalloc bench` and its hidden child, `capalloc bench-replay` (cli_bench.cpp).
 void add_bench_command(CLI::App& app, Runner& run);
 void add_audit_command(CLI::App& app, Runner& run);
+
+// What a scenario command (arms, gemm-scenario) starts from.
+struct ScenarioStart {
+  Settings settings;
+  std::shared_ptr<DeviceRuntime> runtime;
+  std::string runtime_label;         // the runtime's name, for headers and titles
+  scenarios::WorldOptions options;   // from the settings; no observer, no recorder
+};
+// Reads the settings, makes the report directory (when `report_dir` is not
+// empty: before any work, so that a path that cannot take the reports fails
+// first) and the runtime. Returns 0, or the exit status after printing why:
+// 2 for an invalid setting, 1 for the directory or the runtime.
+int start_scenario(const SettingsFlags& flags, const std::string& report_dir, ScenarioStart& out);
 
 // " (strict mode)", " (strict mode, possible findings too)" or "": for the
 // scenarios' headers.

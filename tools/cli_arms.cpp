@@ -119,27 +119,21 @@ struct ArmsFlags {
 };
 
 int arms_command(const ArmsFlags& flags) {
-  auto settings = flags.settings->start();
-  if (!settings.ok()) return usage_error(settings.status());
-  // The report directory first: a path that cannot take the reports fails
-  // before any work has run.
-  if (!flags.report_dir.empty()) {
-    if (absl::Status s = report::make_report_dir(flags.report_dir); !s.ok()) return fail(s);
+  ScenarioStart start;
+  if (int status = start_scenario(*flags.settings, flags.report_dir, start); status != 0) {
+    return status;
   }
+  const std::shared_ptr<DeviceRuntime>& runtime = start.runtime;
+  const std::string& runtime_label = start.runtime_label;
+  const scenarios::ArmsOptions& options = start.options;
   const std::string& which = flags.which;
   const bool json = flags.json;
-  const bool strict = settings->tracker.strict;
+  const bool strict = options.strict;
   const std::string arms = which == "all" ? "ABCD" : which;
-  const scenarios::ArmsOptions options{.strict = strict,
-                                       .strict_possible = settings->tracker.strict_possible,
-                                       .allocator = settings->allocator};
-  auto runtime = make_runtime(settings->runtime);
-  if (!runtime.ok()) return fail(runtime.status());
-  const std::string runtime_label((*runtime)->name());
   if (!json) {
     std::printf("capalloc arms: seed 003's four arms on the %s runtime, capalloc as the allocator%s\n"
                 "N = %zu float32 (1 MiB), src = 3.0, T = src * 2, canary %.1f\n",
-                runtime_label.c_str(), strict_label(settings->tracker), scenarios::kArmElements,
+                runtime_label.c_str(), strict_label(start.settings.tracker), scenarios::kArmElements,
                 scenarios::kCanary);
   }
   std::vector<ArmResult> results;
@@ -149,7 +143,7 @@ int arms_command(const ArmsFlags& flags) {
     report::ScenarioTrace trace(absl::StrFormat("capalloc arms --arm %c", arm));
     scenarios::ArmsOptions arm_options = options;
     if (!flags.report_dir.empty()) arm_options.recorder = &trace;
-    auto r = scenarios::run_arm(arm, *runtime, arm_options);
+    auto r = scenarios::run_arm(arm, runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
@@ -164,7 +158,7 @@ int arms_command(const ArmsFlags& flags) {
   }
   std::unique_ptr<FixResult> fix;
   if (which == "all") {
-    auto r = scenarios::run_fix(*runtime, options);
+    auto r = scenarios::run_fix(runtime, options);
     if (!r.ok()) return fail(r.status());
     fix = std::make_unique<FixResult>(*std::move(r));
     all_match = all_match && fix->expected_match;

@@ -104,29 +104,22 @@ struct GemmFlags {
 };
 
 int gemm_scenario_command(const GemmFlags& flags) {
-  auto settings = flags.settings->start();
-  if (!settings.ok()) return usage_error(settings.status());
-  // The report directory first: a path that cannot take the reports fails
-  // before any work has run.
-  if (!flags.report_dir.empty()) {
-    if (absl::Status s = report::make_report_dir(flags.report_dir); !s.ok()) return fail(s);
+  ScenarioStart start;
+  if (int status = start_scenario(*flags.settings, flags.report_dir, start); status != 0) {
+    return status;
   }
+  const std::shared_ptr<DeviceRuntime>& runtime = start.runtime;
+  const std::string& runtime_label = start.runtime_label;
+  const scenarios::GemmScenarioOptions& options = start.options;
   const bool json = flags.json;
-  const bool strict = settings->tracker.strict;
-  const scenarios::GemmScenarioOptions options{
-      .strict = strict,
-      .strict_possible = settings->tracker.strict_possible,
-      .allocator = settings->allocator};
-  auto runtime = make_runtime(settings->runtime);
-  if (!runtime.ok()) return fail(runtime.status());
-  const std::string runtime_label((*runtime)->name());
+  const bool strict = options.strict;
   if (!json) {
     std::printf("capalloc gemm-scenario: seed 003's aiter scenario on the %s runtime\n"
                 "split-K GEMM M=%d N=%d K=%d split_k=%d, fp8 e4m3 inputs with scales, bf16 "
                 "output; decoy, g1 (cache miss) and g2 (cache hit) captured on one side stream "
                 "into one shared pool%s\n",
                 runtime_label.c_str(), scenarios::kGemmM, scenarios::kGemmN, scenarios::kGemmK,
-                scenarios::kGemmSplitK, strict_label(settings->tracker));
+                scenarios::kGemmSplitK, strict_label(start.settings.tracker));
   }
   std::vector<GemmArmResult> arms;
   bool all_match = true;
@@ -136,7 +129,7 @@ int gemm_scenario_command(const GemmFlags& flags) {
     report::ScenarioTrace trace("capalloc gemm-scenario (" + name + ")");
     scenarios::GemmScenarioOptions arm_options = options;
     if (!flags.report_dir.empty()) arm_options.recorder = &trace;
-    auto r = scenarios::run_gemm_arm(status_quo, *runtime, arm_options);
+    auto r = scenarios::run_gemm_arm(status_quo, runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);

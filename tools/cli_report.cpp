@@ -48,6 +48,23 @@ int report_command(const ReportFlags& flags) {
 
 }  // namespace
 
+int start_scenario(const SettingsFlags& flags, const std::string& report_dir, ScenarioStart& out) {
+  auto settings = flags.start();
+  if (!settings.ok()) return usage_error(settings.status());
+  if (!report_dir.empty()) {
+    if (absl::Status s = report::make_report_dir(report_dir); !s.ok()) return fail(s);
+  }
+  auto runtime = make_runtime(settings->runtime);
+  if (!runtime.ok()) return fail(runtime.status());
+  out.settings = *std::move(settings);
+  out.runtime = *std::move(runtime);
+  out.runtime_label = std::string(out.runtime->name());
+  out.options = {.strict = out.settings.tracker.strict,
+                 .strict_possible = out.settings.tracker.strict_possible,
+                 .allocator = out.settings.allocator};
+  return 0;
+}
+
 absl::StatusOr<std::string> write_scenario_report(const std::string& dir, const std::string& name,
                                                   const std::string& title,
                                                   const report::ScenarioTrace& trace) {
