@@ -24,7 +24,7 @@
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
 #include "tools/report/scenario_trace.hpp"
-#include "tools/scenarios/scenario_world.hpp"
+#include "tools/scenarios/world_options.hpp"
 
 namespace capalloc::cli {
 

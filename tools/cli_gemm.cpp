@@ -9,7 +9,6 @@
 #include "capture/findings.hpp"
 #include "capture/json_writer.hpp"
 #include "tools/cli.hpp"
-#include "tools/report/report_files.hpp"
 #include "tools/scenarios/seed003_gemm.hpp"
 
 namespace capalloc::cli {

@@ -64,7 +64,11 @@ absl::StatusOr<void*> ScenarioWorld::alloc(std::size_t bytes, StreamHandle strea
 }
 
 absl::Status ScenarioWorld::del(void* p) {
-  blocks_.erase(std::find(blocks_.begin(), blocks_.end(), p));
+  const auto held = std::find(blocks_.begin(), blocks_.end(), p);
+  if (held == blocks_.end()) {
+    return absl::NotFoundError("del: the scenario's world holds no block at that address");
+  }
+  blocks_.erase(held);
   absl::Status s = allocator_->deallocate(p);
   record_step();
   return s;

@@ -5,9 +5,10 @@
 // and its graph pools.
 //
 // The scenarios' worlds (seed003_arms.cpp, seed003_gemm.cpp) derive from it
-// and add their steps. Every allocation, free and capture goes through it,
+// and add their steps. Their allocations, frees and captures go through it,
 // so the observer (the fault-injection test) and the recorder (`--report`)
-// see each scenario the same way.
+// see each scenario the same way; what a PersistentCache allocates for them
+// does not, and a world calls record_step() after it.
 #ifndef CAPALLOC_TOOLS_SCENARIOS_SCENARIO_WORLD_HPP_
 #define CAPALLOC_TOOLS_SCENARIOS_SCENARIO_WORLD_HPP_
 
@@ -26,17 +27,9 @@
 #include "capalloc/runtime.hpp"
 #include "tools/scenarios/scenario_recorder.hpp"
 #include "tools/scenarios/world_observer.hpp"
+#include "tools/scenarios/world_options.hpp"
 
 namespace capalloc::scenarios {
-
-// How a scenario's world is set up (ArmsOptions and GemmScenarioOptions).
-struct WorldOptions {
-  bool strict = false;  // the tracker refuses replays of graphs with hazards
-  bool strict_possible = false;  // and, with strict, of graphs with `possible` findings
-  AllocatorOptions allocator = {};  // the world's allocator (the CLI's CAPALLOC_* settings)
-  WorldObserver observer = {};  // sees the world's allocator (the fault-injection test)
-  ScenarioRecorder* recorder = nullptr;  // watches the steps (`--report`; run_fix drops it)
-};
 
 class ScenarioWorld {
  public:
@@ -50,7 +43,7 @@ class ScenarioWorld {
   // Made at its first use: most arms never ask for one.
   PersistentCache& cache();
 
-  // torch.graph_pool_handle(); released with the world.
+  // torch.cuda.graph_pool_handle(); released with the world.
   absl::StatusOr<PoolHandle> pool();
   // A block on `stream`, held until del() or the end of the world.
   absl::StatusOr<void*> alloc(std::size_t bytes, StreamHandle stream, std::string_view tag,
@@ -70,8 +63,11 @@ class ScenarioWorld {
 
  protected:
   ScenarioWorld() = default;
-  // Releases the rest (the cache, the tracker, the side stream); the
-  // derived world's destructor calls release_work() first.
+  // Releases the rest (the cache, the tracker, the side stream). A rule for
+  // every derived world: its destructor calls release_work() first, so that
+  // its own members (the GEMM and its events) go after the graphs, blocks
+  // and pools and before the cache and the tracker, as on a device; without
+  // it they would go first. The fault-injection test checks this order.
   ~ScenarioWorld();
 
   // Makes the allocator, then the tracker and the side stream.
@@ -85,15 +81,16 @@ class ScenarioWorld {
   void release_work();
 
   std::shared_ptr<DeviceRuntime> rt_;
-  std::unique_ptr<Allocator> allocator_;
-  std::unique_ptr<CaptureTracker> tracker_;
-  ScenarioRecorder* recorder_ = nullptr;
   StreamHandle side_ = kDefaultStream;
 
  private:
   void observe(WorldPoint point);
   CaptureId capture_of(GraphHandle graph) const;
 
+  // Declared after rt_, so destroyed before it.
+  std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<CaptureTracker> tracker_;
+  ScenarioRecorder* recorder_ = nullptr;
   WorldObserver observer_;
   std::unique_ptr<PersistentCache> cache_;
   bool work_released_ = false;

@@ -3,7 +3,6 @@
 #include "tools/scenarios/seed003_arms.hpp"
 
 #include <algorithm>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +11,6 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.hpp"
 #include "capalloc/allocator.hpp"
-#include "capalloc/persistent_cache.hpp"
 #include "tools/scenarios/kernels.hpp"
 #include "tools/scenarios/scenario_world.hpp"
 

@@ -19,14 +19,14 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
-#include "tools/scenarios/scenario_world.hpp"
+#include "tools/scenarios/world_options.hpp"
 
 namespace capalloc::scenarios {
 
 inline constexpr std::size_t kArmElements = std::size_t{1} << 18;
 inline constexpr float kCanary = 1234.5f;
 
-using ArmsOptions = WorldOptions;  // scenario_world.hpp
+using ArmsOptions = WorldOptions;  // world_options.hpp
 
 struct ReplayOutcome {
   int graph = 1;  // the seed's numbering: 1 or 2

@@ -17,7 +17,6 @@
 #include "common/status_macros.hpp"
 #include "capalloc/allocator.hpp"
 #include "capalloc/gemm.hpp"
-#include "capalloc/persistent_cache.hpp"
 #include "gemm/numeric.hpp"
 #include "tools/scenarios/kernels.hpp"
 #include "tools/scenarios/scenario_world.hpp"

@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "capalloc/capture.hpp"
 #include "capalloc/runtime.hpp"
-#include "tools/scenarios/scenario_world.hpp"
+#include "tools/scenarios/world_options.hpp"
 
 namespace capalloc::scenarios {
 
@@ -56,7 +56,7 @@ inline constexpr int kGemmK = 2048;
 inline constexpr int kGemmSplitK = 4;
 inline constexpr int kGemmTilesInUse = kGemmN / 64;  // tile_n = 64, M = 1: 32
 
-using GemmScenarioOptions = WorldOptions;  // scenario_world.hpp
+using GemmScenarioOptions = WorldOptions;  // world_options.hpp
 
 // One arm: the status quo (stream-keyed buffers allocated in the capture) or
 // capalloc's (device-keyed, preallocated). `findings_before_replay` is the
