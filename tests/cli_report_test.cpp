@@ -239,3 +239,55 @@ TEST_CASE("cli: report and audit --trace agree on a trace's reader rules, and sa
   }
   std::filesystem::remove_all(dir);
 }
+
+// A probe of 2026-12-06 aborted report and audit on inputs their readers
+// took: a number too large for a double, members of the wrong type in a
+// snapshot drawn with a bounded trace, JSON nested 100,000 deep (the page's
+// writer recursed per level), and an endless device.
+TEST_CASE("cli: report and audit refuse or take odd JSON without aborting", "[cli]") {
+  const auto dir = scratch("odd_json");
+  const std::string out = (dir / "page.html").string();
+  SECTION("a number too large for a double is invalid JSON to both") {
+    const std::string file = write(
+        dir / "overflow.jsonl", kHeader + "{\"op\": \"alloc\", \"id\": 1, \"size\": 8, \"t\": 1e400}\n");
+    for (const Run& r : {capalloc_cli({"audit", "--trace", file}),
+                         capalloc_cli({"report", file, "-o", out})}) {
+      CHECK_RUN(r, 1);
+      CHECK_THAT(r.err, Contains(":2: invalid JSON (number overflow"));
+    }
+  }
+  SECTION("a snapshot's members of the wrong type are passed over when the page is bounded") {
+    const std::string trace = write(
+        dir / "t.jsonl", kHeader + "{\"op\": \"alloc\", \"id\": 1, \"size\": 8}\n"
+                                   "{\"op\": \"alloc\", \"id\": 2, \"size\": 8}\n");
+    for (const std::string snapshot :
+         {"{\"schema\": \"capalloc.snapshot/4\", \"devices\": [1, null, \"x\"]}",
+          "{\"schema\": \"capalloc.snapshot/4\", \"devices\": [], \"findings\": 7}",
+          "{\"schema\": \"capalloc.snapshot/4\", \"devices\": [], \"findings\": [{\"reuse_chain\": [1]}]}",
+          "{\"schema\": \"capalloc.snapshot/4\", \"devices\": [{\"pools\": [{\"segments\": "
+          "[{\"blocks\": [{\"state\": 5}]}]}]}]}",
+          "{\"schema\": \"capalloc.snapshot/4\", \"devices\": [], \"audit\": {\"groups\": [1]}}"}) {
+      INFO(snapshot);
+      const std::string file = write(dir / "s.json", snapshot);
+      CHECK_RUN(capalloc_cli({"report", trace, file, "--max-blocks", "1", "-o", out}), 0);
+    }
+  }
+  SECTION("JSON nested far deeper than any snapshot or trace is refused") {
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    const std::string snapshot = write(
+        dir / "deep.json", "{\"schema\": \"capalloc.snapshot/4\", \"devices\": [], \"x\": " + deep + "}");
+    const std::string trace =
+        write(dir / "deep.jsonl", kHeader + "{\"op\": \"alloc\", \"id\": 1, \"size\": 8, \"x\": " + deep + "}\n");
+    for (const std::string& file : {snapshot, trace}) {
+      const Run r = capalloc_cli({"report", file, "-o", out});
+      CHECK_RUN(r, 1);
+      CHECK_THAT(r.err, Contains("JSON nested 100001 levels deep"));
+    }
+  }
+  SECTION("a device is not read") {
+    const Run r = capalloc_cli({"report", "/dev/zero", "-o", out});
+    CHECK_RUN(r, 1);
+    CHECK_THAT(r.err, Contains("/dev/zero: not a regular file"));
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -95,6 +95,22 @@ void keep_finding_blocks(const Json& events, Blocks& b) {
   }
 }
 
+// `object[key]`, or null where `object` is no object or has no `key`; and
+// the same as an array, empty where it is something else. The snapshot's
+// shape is not checked whole when it is read (report_data.cpp), so every
+// step here takes any JSON.
+const Json& member(const Json& object, const char* key) {
+  static const Json kNull;
+  if (!object.is_object()) return kNull;
+  const auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+const Json& array_member(const Json& object, const char* key) {
+  static const Json kEmpty = Json::array();
+  const Json& value = member(object, key);
+  return value.is_array() ? value : kEmpty;
+}
+
 // Marks the blocks the snapshot names (step 1, snapshot side).
 void keep_snapshot_blocks(const Json& snapshot, Blocks& b) {
   if (!snapshot.is_object()) return;
@@ -106,28 +122,23 @@ void keep_snapshot_blocks(const Json& snapshot, Blocks& b) {
   auto keep_sequence_of = [&](const Json& object) {
     if (object.is_object() && object.contains("sequence")) keep(object["sequence"]);
   };
-  for (const Json& f : snapshot.value("findings", Json::array())) {
-    keep_sequence_of(f.value("victim", Json()));
-    keep_sequence_of(f.value("writer", Json()));
-    for (const Json& link : f.value("reuse_chain", Json::array())) {
-      keep_sequence_of(link.value("block", Json()));
-    }
+  for (const Json& f : array_member(snapshot, "findings")) {
+    keep_sequence_of(member(f, "victim"));
+    keep_sequence_of(member(f, "writer"));
+    for (const Json& link : array_member(f, "reuse_chain")) keep_sequence_of(member(link, "block"));
   }
-  for (const Json& device : snapshot.value("devices", Json::array())) {
-    for (const Json& pool : device.value("pools", Json::array())) {
-      for (const Json& segment : pool.value("segments", Json::array())) {
-        for (const Json& block : segment.value("blocks", Json::array())) {
-          if (block.value("state", "") != "free") keep_sequence_of(block);
+  for (const Json& device : array_member(snapshot, "devices")) {
+    for (const Json& pool : array_member(device, "pools")) {
+      for (const Json& segment : array_member(pool, "segments")) {
+        for (const Json& block : array_member(segment, "blocks")) {
+          if (member(block, "state") != "free") keep_sequence_of(block);
         }
       }
     }
-    for (const Json& block : device.value("live_blocks", Json::array())) keep_sequence_of(block);
+    for (const Json& block : array_member(device, "live_blocks")) keep_sequence_of(block);
   }
-  const Json audit = snapshot.value("audit", Json());
-  if (audit.is_object()) {
-    for (const Json& group : audit.value("groups", Json::array())) {
-      for (const Json& block : group.value("block_list", Json::array())) keep_sequence_of(block);
-    }
+  for (const Json& group : array_member(member(snapshot, "audit"), "groups")) {
+    for (const Json& block : array_member(group, "block_list")) keep_sequence_of(block);
   }
 }
 

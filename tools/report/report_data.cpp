@@ -1,6 +1,7 @@
 // tools/report/report_data.cpp: see report_data.hpp.
 #include "tools/report/report_data.hpp"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -24,6 +25,7 @@ constexpr absl::string_view kSnapshotSchema = "capalloc.snapshot/";
 // The snapshot versions this report draws (capture/snapshot.cpp writes the last).
 constexpr int kSnapshotVersions[] = {1, 2, 3, 4};
 constexpr char kTraceFormat[] = "capalloc.trace/1";
+constexpr std::size_t kMaxJsonDepth = 256;
 
 using trace::json_error;  // tools/trace/json_error.hpp
 
@@ -116,6 +118,13 @@ absl::Status add_report_input(const std::string& text_in, const std::string& sou
   absl::string_view text = text_in;
   absl::ConsumePrefix(&text, "\xEF\xBB\xBF");
   const absl::string_view content = absl::StripAsciiWhitespace(text);
+  // The page embeds what it reads, and writing JSON recurses per level.
+  if (const std::size_t depth = trace::json_depth(std::string_view(content.data(), content.size()));
+      depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": JSON nested ", depth, " levels deep; a report reads at most ", kMaxJsonDepth,
+        " (a capalloc snapshot or trace needs fewer than 10)"));
+  }
   if (content.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": empty"));
   // A snapshot is one JSON object; a trace's first line is its header.
   Json whole = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
@@ -153,6 +162,12 @@ absl::Status add_report_input(const std::string& text_in, const std::string& sou
 }
 
 absl::Status add_report_file(const std::string& path, ReportData& data) {
+  // A device or a pipe could be endless (/dev/zero): a report reads files.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": not a regular file (a snapshot or a trace is a file)"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot be read"));
   std::ostringstream text;

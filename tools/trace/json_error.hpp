@@ -3,6 +3,8 @@
 #ifndef CAPALLOC_TOOLS_TRACE_JSON_ERROR_HPP_
 #define CAPALLOC_TOOLS_TRACE_JSON_ERROR_HPP_
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -29,6 +31,37 @@ inline std::string json_error(std::string_view text) {
     return why.empty() ? std::string("not JSON") : why;
   }
   return "";
+}
+
+// The deepest nesting of arrays and objects in `text` (one JSON document or
+// JSON Lines), brackets inside strings not counted. Writing JSON back out
+// (nlohmann's dump) recurses once per level: a reader that copies input
+// into its output refuses a depth far beyond any real snapshot or trace
+// rather than overflow the stack.
+inline std::size_t json_depth(std::string_view text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == '\n') {
+      depth = 0;  // JSON Lines: each line stands alone (a string cannot hold a raw newline)
+      in_string = false;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace capalloc::trace
