@@ -209,6 +209,10 @@ TEST_CASE("cli: report and audit --trace agree on a trace's reader rules, and sa
     const std::vector<std::pair<std::string, std::string>> cases = {
         {kHeader + alloc + "{\"op\": \"free\", \"id\": 7}\n", ":3: free of id 7, which is not live"},
         {kHeader + alloc + alloc, ":3: alloc of id 1, which is live"},
+        {kHeader + "{\"op\": \"alloc\", \"size\": 8}\n", ":2: alloc without an unsigned integer \"id\""},
+        {kHeader + alloc + "{\"op\": \"free\"}\n", ":3: free without an unsigned integer \"id\""},
+        {kHeader + "{\"op\": \"alloc\", \"id\": 2, \"size\": 0}\n", ":2: alloc without a \"size\" above 0"},
+        {kHeader + "{\"op\": \"alloc\", \"id\": 2}\n", ":2: alloc without a \"size\" above 0"},
     };
     for (const auto& [text, message] : cases) {
       const std::string file = write(dir / "ids.jsonl", text);

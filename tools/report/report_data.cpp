@@ -82,10 +82,15 @@ absl::Status add_trace(const std::string& text, const std::string& source, Repor
     // (docs/trace.md): a page drawn from a trace that breaks them would
     // show blocks that never existed.
     const std::string op = object["op"].get<std::string>();
-    if ((op == "alloc" || op == "free") && object.contains("id")) {
-      if (!object["id"].is_number_unsigned()) {
+    if (op == "alloc" || op == "free") {
+      if (!object.contains("id") || !object["id"].is_number_unsigned()) {
         return absl::InvalidArgumentError(absl::StrCat(source, ":", line_number, ": ", op,
                                                        " without an unsigned integer \"id\""));
+      }
+      if (op == "alloc" && (!object.contains("size") || !object["size"].is_number_unsigned() ||
+                            object["size"].get<std::uint64_t>() == 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(source, ":", line_number, ": alloc without a \"size\" above 0"));
       }
       const auto id = object["id"].get<std::uint64_t>();
       if (op == "alloc" && !live.insert(id).second) {
