@@ -122,34 +122,32 @@ int arms_command(const ArmsFlags& flags) {
   if (int status = start_scenario(*flags.settings, flags.report_dir, start); status != 0) {
     return status;
   }
-  const std::shared_ptr<DeviceRuntime>& runtime = start.runtime;
-  const std::string& runtime_label = start.runtime_label;
-  const scenarios::ArmsOptions& options = start.options;
   const std::string& which = flags.which;
   const bool json = flags.json;
-  const bool strict = options.strict;
+  const bool strict = start.options.strict;
   const std::string arms = which == "all" ? "ABCD" : which;
   if (!json) {
     std::printf("capalloc arms: seed 003's four arms on the %s runtime, capalloc as the allocator%s\n"
                 "N = %zu float32 (1 MiB), src = 3.0, T = src * 2, canary %.1f\n",
-                runtime_label.c_str(), strict_label(start.settings.tracker), scenarios::kArmElements,
-                scenarios::kCanary);
+                start.runtime_label.c_str(), strict_label(start.settings.tracker),
+                scenarios::kArmElements, scenarios::kCanary);
   }
   std::vector<ArmResult> results;
   bool all_match = true;
   std::vector<std::string> reports;
   for (char arm : arms) {
     report::ScenarioTrace trace(absl::StrFormat("capalloc arms --arm %c", arm));
-    scenarios::ArmsOptions arm_options = options;
+    scenarios::ArmsOptions arm_options = start.options;
     if (!flags.report_dir.empty()) arm_options.recorder = &trace;
-    auto r = scenarios::run_arm(arm, runtime, arm_options);
+    auto r = scenarios::run_arm(arm, start.runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
     if (!flags.report_dir.empty()) {
       auto written = write_scenario_report(
           flags.report_dir, absl::StrFormat("arm-%c", arm),
-          absl::StrFormat("seed 003, arm %c: %s (%s runtime)", arm, r->title, runtime_label), trace);
+          absl::StrFormat("seed 003, arm %c: %s (%s runtime)", arm, r->title, start.runtime_label),
+          trace);
       if (!written.ok()) return fail(written.status());
       reports.push_back(*std::move(written));
     }
@@ -157,14 +155,14 @@ int arms_command(const ArmsFlags& flags) {
   }
   std::unique_ptr<FixResult> fix;
   if (which == "all") {
-    auto r = scenarios::run_fix(runtime, options);
+    auto r = scenarios::run_fix(start.runtime, start.options);
     if (!r.ok()) return fail(r.status());
     fix = std::make_unique<FixResult>(*std::move(r));
     all_match = all_match && fix->expected_match;
     if (!json) print_fix(*fix);
   }
   if (json) {
-    std::printf("%s\n", to_json(runtime_label, strict, results, fix.get(), all_match).c_str());
+    std::printf("%s\n", to_json(start.runtime_label, strict, results, fix.get(), all_match).c_str());
   } else {
     std::printf("\nevery observation matches seed 003: %s\n", all_match ? "yes" : "NO");
     for (const std::string& path : reports) std::printf("report: %s\n", path.c_str());

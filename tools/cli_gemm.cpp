@@ -107,17 +107,14 @@ int gemm_scenario_command(const GemmFlags& flags) {
   if (int status = start_scenario(*flags.settings, flags.report_dir, start); status != 0) {
     return status;
   }
-  const std::shared_ptr<DeviceRuntime>& runtime = start.runtime;
-  const std::string& runtime_label = start.runtime_label;
-  const scenarios::GemmScenarioOptions& options = start.options;
   const bool json = flags.json;
-  const bool strict = options.strict;
+  const bool strict = start.options.strict;
   if (!json) {
     std::printf("capalloc gemm-scenario: seed 003's aiter scenario on the %s runtime\n"
                 "split-K GEMM M=%d N=%d K=%d split_k=%d, fp8 e4m3 inputs with scales, bf16 "
                 "output; decoy, g1 (cache miss) and g2 (cache hit) captured on one side stream "
                 "into one shared pool%s\n",
-                runtime_label.c_str(), scenarios::kGemmM, scenarios::kGemmN, scenarios::kGemmK,
+                start.runtime_label.c_str(), scenarios::kGemmM, scenarios::kGemmN, scenarios::kGemmK,
                 scenarios::kGemmSplitK, strict_label(start.settings.tracker));
   }
   std::vector<GemmArmResult> arms;
@@ -126,9 +123,9 @@ int gemm_scenario_command(const GemmFlags& flags) {
   for (bool status_quo : {true, false}) {
     const std::string name = status_quo ? "gemm-status_quo" : "gemm-capalloc";
     report::ScenarioTrace trace("capalloc gemm-scenario (" + name + ")");
-    scenarios::GemmScenarioOptions arm_options = options;
+    scenarios::GemmScenarioOptions arm_options = start.options;
     if (!flags.report_dir.empty()) arm_options.recorder = &trace;
-    auto r = scenarios::run_gemm_arm(status_quo, runtime, arm_options);
+    auto r = scenarios::run_gemm_arm(status_quo, start.runtime, arm_options);
     if (!r.ok()) return fail(r.status());
     all_match = all_match && r->expected_match;
     if (!json) print_arm(*r);
@@ -138,7 +135,7 @@ int gemm_scenario_command(const GemmFlags& flags) {
           "seed 003, split-K GEMM scenario, " +
               std::string(status_quo ? "status quo (stream-keyed buffers allocated in the capture)"
                                      : "capalloc (device-keyed persistent buffers)") +
-              " (" + runtime_label + " runtime)",
+              " (" + start.runtime_label + " runtime)",
           trace);
       if (!written.ok()) return fail(written.status());
       reports.push_back(*std::move(written));
@@ -146,7 +143,7 @@ int gemm_scenario_command(const GemmFlags& flags) {
     arms.push_back(*std::move(r));
   }
   if (json) {
-    std::printf("%s\n", to_json(runtime_label, strict, arms, all_match).c_str());
+    std::printf("%s\n", to_json(start.runtime_label, strict, arms, all_match).c_str());
   } else {
     std::printf("\nstatus quo: g1 wrong=%d, g2 wrong=%d\ncapalloc  : g1 wrong=%d, g2 wrong=%d\n"
                 "every observation matches seed 003: %s\n",

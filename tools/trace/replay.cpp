@@ -166,16 +166,9 @@ template <typename Backend>
 // "FILE:LINE: <the event> failed: <why>", the line the event came from.
 std::string failure_message(const Trace& trace, const PassResult& r, bool capalloc) {
   const TraceOp& op = trace.ops[r.failed_op];
-  std::string what;
-  switch (op.kind) {
-    case OpKind::kAlloc: what = absl::StrCat("alloc of ", op.size, " bytes"); break;
-    case OpKind::kFree: what = "free"; break;
-    case OpKind::kRecordStream: what = "record_stream"; break;
-    case OpKind::kCaptureBegin: what = "capture_begin"; break;
-    case OpKind::kCaptureEnd: what = "capture_end"; break;
-    case OpKind::kReplay: what = "replay"; break;
-    case OpKind::kGraphDestroy: what = "graph_destroy"; break;
-  }
+  const std::string what = op.kind == OpKind::kAlloc
+                               ? absl::StrCat("alloc of ", op.size, " bytes")
+                               : std::string(op_name(op.kind));
   const std::string where = r.failed_op < trace.op_lines.size()
                                 ? absl::StrCat(trace.name, ":", trace.op_lines[r.failed_op])
                                 : trace.name;

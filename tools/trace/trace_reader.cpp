@@ -188,7 +188,7 @@ absl::Status Decoder::alloc(const Json& object) {
 }
 
 absl::Status Decoder::free_or_record(const Json& object, OpKind kind) {
-  const char* what = kind == OpKind::kFree ? "free" : "record_stream";
+  const char* what = op_name(kind);
   auto id = integer(object, "id");
   if (!id.ok()) return id.status();
   std::uint32_t dense_stream = 0;
@@ -247,9 +247,7 @@ absl::Status Decoder::capture_begin(const Json& object) {
 }
 
 absl::Status Decoder::capture_event(const Json& object, OpKind kind) {
-  const char* what = kind == OpKind::kCaptureEnd ? "capture_end"
-                     : kind == OpKind::kReplay   ? "replay"
-                                                 : "graph_destroy";
+  const char* what = op_name(kind);
   auto id = integer(object, "capture");
   if (!id.ok()) return id.status();
   const auto it = captures_.find(*id);

@@ -40,6 +40,20 @@ enum class OpKind : std::uint8_t {
   kGraphDestroy,  // capture
 };
 
+// The op's name in the trace format ("alloc", "capture_end", ...).
+constexpr const char* op_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAlloc: return "alloc";
+    case OpKind::kFree: return "free";
+    case OpKind::kRecordStream: return "record_stream";
+    case OpKind::kCaptureBegin: return "capture_begin";
+    case OpKind::kCaptureEnd: return "capture_end";
+    case OpKind::kReplay: return "replay";
+    case OpKind::kGraphDestroy: return "graph_destroy";
+  }
+  return "?";
+}
+
 inline constexpr std::uint32_t kNoPool = ~std::uint32_t{0};
 
 // One event, decoded. `index` is a block slot for block events and a capture
