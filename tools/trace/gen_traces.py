@@ -360,8 +360,7 @@ def generate(name, out, seed, count, scale):
     given = default if count is None else count
     n = scaled(given, scale)
     # The command that makes this trace again: the count before scaling.
-    source = "tools/trace/gen_traces.py %s --%s %d --seed %d" % (name, argument,
-                                                                given if scale != 1 else n, seed)
+    source = "tools/trace/gen_traces.py %s --%s %d --seed %d" % (name, argument, given, seed)
     if scale != 1:
         source += " --scale %g" % scale
     w = TraceWriter(out, source)
@@ -426,7 +425,7 @@ def main(argv=None):
             return 0
         if args.out_dir:
             parser.error("--out-dir is for `all`; one generator writes to --out or stdout")
-        if args.out == "" or args.out_dir == "":
+        if args.out == "":
             parser.error("an empty path: name a file (or leave --out out for stdout)")
         if args.out is not None:
             write_file(args.out, args.generator, args.seed, args.count, args.scale)

@@ -77,6 +77,11 @@ def load_snapshot(data):
 MAX_SIZE = (1 << 63) - 1  # what a trace's size may be (docs/trace.md)
 
 
+def is_integer(value):
+    """An int, not a bool (which Python counts as one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def text(value):
     """`value` as text a trace can hold: valid UTF-8 (a lone surrogate from a
     file name PyTorch could not decode is written as its escape)."""
@@ -111,7 +116,7 @@ def convert(snapshot, out, device=0, tags=False):
             counts["ignored"] += 1
             continue
         addr = event.get("addr")
-        if not isinstance(addr, int) or isinstance(addr, bool):
+        if not is_integer(addr):
             raise ValueError("event %d (%s): 'addr' is %r, not an integer address" % (index, action, addr))
         line = {}
         if "time_us" in event:
@@ -128,13 +133,13 @@ def convert(snapshot, out, device=0, tags=False):
                 write({"op": "free", "id": previous[0]})
                 counts["free"] += 1
             size = event.get("size")
-            if not isinstance(size, int) or isinstance(size, bool):
+            if not is_integer(size):
                 raise ValueError("event %d (alloc): 'size' is %r, not an integer" % (index, size))
             if not 0 < size <= MAX_SIZE:
                 raise ValueError("event %d: alloc of size %d (a trace's sizes are 1 to 2^63 - 1)"
                                  % (index, size))
             stream_id = event.get("stream", 0)
-            if not isinstance(stream_id, int) or isinstance(stream_id, bool):
+            if not is_integer(stream_id):
                 raise ValueError("event %d (alloc): 'stream' is %r, not an integer" % (index, stream_id))
             stream = streams.setdefault(stream_id, len(streams))
             line.update({"op": "alloc", "id": next_id, "size": size, "stream": stream})
