@@ -70,32 +70,57 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   d.freed.push_back(index);
 }
 
-void BlockHistory::rebuild(std::deque<Occupant> occupants) {
-  // Frees keep their order: sort the freed ones by tick when re-listing.
+void BlockHistory::rebuild(std::deque<Occupant> occupants,
+                           const std::vector<std::size_t>& renumbered) {
+  // Each device's freed list is in free order already: the kept ones keep
+  // it, renumbered. Freed occupants in no list (forget_live's, whose free
+  // the allocator never reported: tick 1, before every other) go first, as
+  // a sort by tick would put them.
+  absl::flat_hash_map<int, std::vector<std::size_t>> freed;
+  std::vector<bool> listed(occupants.size(), false);
+  for (const auto& [device, d] : devices_) {
+    std::vector<std::size_t>& list = freed[device];
+    for (std::size_t old : d.freed) {
+      if (const std::size_t i = renumbered[old]; i != kDropped) {
+        list.push_back(i);
+        listed[i] = true;
+      }
+    }
+  }
   occupants_ = std::move(occupants);
   visited_ += occupants_.size();
   by_sequence_.clear();
   by_sequence_.reserve(occupants_.size());
   devices_.clear();
-  std::vector<std::size_t> freed;
+  // The live indexes are built whole, each with one sort.
+  using LiveRanges = std::vector<SortedSpans<std::size_t>::Range>;
+  struct Rebuilt {
+    LiveRanges live, live_outside;
+    std::vector<std::size_t> unlisted;
+  };
+  absl::flat_hash_map<int, Rebuilt> rebuilt;
   for (std::size_t i = 0; i < occupants_.size(); ++i) {
     Occupant& o = occupants_[i];
     const int device = o.device;
     by_sequence_.emplace(o.block.sequence, i);
-    DeviceIndex& d = devices_[device];
-    d.all.add(o.block.span().begin(), o.block.size, i);
+    devices_[device].all.add(o.block.span().begin(), o.block.size, i);
+    Rebuilt& r = rebuilt[device];
     o.live_indexed = o.live();
     if (o.live()) {
-      d.live.add(o.block.span().begin(), o.block.size, i);
-      if (o.block.capture == 0) d.live_outside.add(o.block.span().begin(), o.block.size, i);
-    } else {
-      freed.push_back(i);
+      r.live.push_back({o.block.span().begin(), o.block.size, i});
+      if (o.block.capture == 0) r.live_outside.push_back({o.block.span().begin(), o.block.size, i});
+    } else if (!listed[i]) {
+      r.unlisted.push_back(i);
     }
   }
-  std::sort(freed.begin(), freed.end(), [&](std::size_t a, std::size_t b) {
-    return occupants_[a].free_tick < occupants_[b].free_tick;
-  });
-  for (std::size_t i : freed) devices_[occupants_[i].device].freed.push_back(i);
+  for (auto& [device, r] : rebuilt) {
+    DeviceIndex& d = devices_[device];
+    d.live.assign(r.live);
+    d.live_outside.assign(r.live_outside);
+    d.freed = std::move(r.unlisted);
+    const std::vector<std::size_t>& list = freed[device];
+    d.freed.insert(d.freed.end(), list.begin(), list.end());
+  }
 }
 
 void BlockHistory::forget_live(int device, std::uint64_t sequence) {

@@ -94,14 +94,20 @@ class BlockHistory {
   void forget_live(int device, std::uint64_t sequence);
 
   // Drops every occupant `keep` rejects; live occupants are always kept.
-  // O(occupants). Returns how many remain.
+  // O(occupants): the kept ones keep their indexes' orders (the freed lists
+  // stay in free order without a sort). Returns how many remain.
   template <typename Keep>
   std::size_t prune(Keep&& keep) {
     std::deque<Occupant> kept;
-    for (Occupant& o : occupants_) {
-      if (o.live() || keep(o)) kept.push_back(std::move(o));
+    std::vector<std::size_t> renumbered(occupants_.size(), kDropped);
+    for (std::size_t i = 0; i < occupants_.size(); ++i) {
+      Occupant& o = occupants_[i];
+      if (o.live() || keep(o)) {
+        renumbered[i] = kept.size();
+        kept.push_back(std::move(o));
+      }
     }
-    rebuild(std::move(kept));
+    rebuild(std::move(kept), renumbered);
     return occupants_.size();
   }
   std::size_t size() const { return occupants_.size(); }
@@ -121,6 +127,10 @@ class BlockHistory {
     Spans spans;
     void add(std::uintptr_t begin, std::size_t size, std::size_t index) {
       spans.add(begin, size, index);
+    }
+    template <typename Ranges>
+    void assign(const Ranges& ranges) {
+      spans.assign(ranges);
     }
     void remove(std::uintptr_t begin, std::size_t size, std::size_t index) {
       spans.erase_first(begin, size, [&](std::size_t i) { return i == index; });
@@ -158,7 +168,10 @@ class BlockHistory {
     LiveIndex live_outside;  // of those, the ones allocated outside captures
     std::vector<std::size_t> freed;  // occupants in the order they were freed
   };
-  void rebuild(std::deque<Occupant> occupants);
+  // The occupants a prune kept, and each former index's new one (kDropped
+  // for those it dropped).
+  static constexpr std::size_t kDropped = ~std::size_t{0};
+  void rebuild(std::deque<Occupant> occupants, const std::vector<std::size_t>& renumbered);
   // note(), returning the occupant's index.
   std::size_t note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
                          bool freed_next, bool* inserted = nullptr);
