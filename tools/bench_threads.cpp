@@ -14,16 +14,19 @@
 // (docs/design.md, "Locking"), so two threads on two streams take turns on
 // it; their streams' segments, free indexes and quick caches are apart, so
 // they do not contend for blocks, only for the lock.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/runtime.hpp"
+#include "common/futex_mutex.hpp"
 #include "tools/bench_support.hpp"
 
 namespace {
@@ -176,14 +179,47 @@ int main(int argc, char** argv) {
         [](void* p) { std::free(p); });
   }));
 
+  // What any state shared by the threads costs, whatever the allocator:
+  // glibc malloc with one relaxed atomic add on one shared counter per
+  // operation (an allocator-wide count kept current at every allocation
+  // and free), and with one shared lock around each operation
+  // (capalloc's scope today). Each takes the counter's or the lock's cache
+  // line from the other core at every operation.
+  alignas(64) static std::atomic<std::int64_t> shared_counter{0};
+  configure(benchmark::RegisterBenchmark("threads/churn/malloc+counter", [&](benchmark::State& state) {
+    replay(
+        state, work[state.thread_index()],
+        [](std::size_t n, capalloc::StreamHandle) {
+          shared_counter.fetch_add(1, std::memory_order_relaxed);
+          return std::malloc(n);
+        },
+        [](void* p) {
+          shared_counter.fetch_add(1, std::memory_order_relaxed);
+          std::free(p);
+        });
+  }));
+  alignas(64) static capalloc::detail::FutexMutex shared_lock;
+  configure(benchmark::RegisterBenchmark("threads/churn/malloc+lock", [&](benchmark::State& state) {
+    replay(
+        state, work[state.thread_index()],
+        [](std::size_t n, capalloc::StreamHandle) {
+          std::lock_guard lock(shared_lock);
+          return std::malloc(n);
+        },
+        [](void* p) {
+          std::lock_guard lock(shared_lock);
+          std::free(p);
+        });
+  }));
+
   capalloc::bench::RunCollector collector;
   if (int rc = capalloc::bench::run_benchmarks(collector, "capalloc_bench_threads"); rc != 0) {
     return rc;
   }
 
-  std::printf("\n%-10s %16s %16s %10s\n", "allocator", "1 thread Mops/s", "2 threads Mops/s",
+  std::printf("\n%-16s %16s %16s %10s\n", "allocator", "1 thread Mops/s", "2 threads Mops/s",
               "scaling");
-  for (const char* name : {"capalloc", "malloc"}) {
+  for (const char* name : {"capalloc", "malloc", "malloc+counter", "malloc+lock"}) {
     const std::string full = std::string("threads/churn/") + name;
     std::map<int, double> best;  // threads -> best total items per second
     for (const auto& run : collector.runs(full)) {
@@ -193,7 +229,7 @@ int main(int argc, char** argv) {
                                                       static_cast<double>(it->second));
     }
     if (best.count(1) == 0 || best.count(2) == 0) continue;
-    std::printf("%-10s %16.2f %16.2f %9.2fx\n", name, best[1] / 1e6, best[2] / 1e6,
+    std::printf("%-16s %16.2f %16.2f %9.2fx\n", name, best[1] / 1e6, best[2] / 1e6,
                 best[2] / best[1]);
   }
   {
