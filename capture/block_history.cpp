@@ -2,6 +2,7 @@
 #include "capture/block_history.hpp"
 
 #include <algorithm>
+#include <cassert>
 
 namespace capalloc::detail {
 
@@ -55,13 +56,18 @@ void BlockHistory::index_if_live(std::size_t index) {
 
 void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_tick,
                          CaptureId capture, std::size_t position) {
+  // Tick 0 would mean "live"; the tracker's ticks start at 1 and rise, which
+  // keeps each freed list in tick order (prune relies on it).
+  assert(free_tick > 0);
   const std::size_t index = note_index(device, block, 0, /*freed_next=*/false);
   Occupant& o = occupants_[index];
   if (!o.live()) return;  // already recorded
+  DeviceIndex& d = devices_[device];
+  assert(o.device == device);
+  assert(d.freed.empty() || occupants_[d.freed.back()].free_tick <= free_tick);
   o.free_tick = free_tick;
   o.freed_in_capture = capture;
   o.freed_at = position;
-  DeviceIndex& d = devices_[device];
   if (o.live_indexed) {
     o.live_indexed = false;
     d.live.remove(o.block.span().begin(), o.block.size, index);
@@ -72,17 +78,17 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
 
 void BlockHistory::rebuild(std::deque<Occupant> occupants,
                            const std::vector<std::size_t>& renumbered) {
-  // Each device's freed list is in free order already: the kept ones keep
-  // it, renumbered. Freed occupants in no list (forget_live's, whose free
-  // the allocator never reported: tick 1, before every other) go first, as
-  // a sort by tick would put them.
+  // Each device's freed list is in free order already (freed() is called
+  // in tick order): the kept ones keep it, renumbered, each under its own
+  // device. Freed occupants in no list (forget_live's, whose free the
+  // allocator never reported: tick 1, at or before every other) go first,
+  // as a sort by tick would put them.
   absl::flat_hash_map<int, std::vector<std::size_t>> freed;
   std::vector<bool> listed(occupants.size(), false);
   for (const auto& [device, d] : devices_) {
-    std::vector<std::size_t>& list = freed[device];
     for (std::size_t old : d.freed) {
-      if (const std::size_t i = renumbered[old]; i != kDropped) {
-        list.push_back(i);
+      if (const std::size_t i = renumbered[old]; i != kDropped && !listed[i]) {
+        freed[occupants[i].device].push_back(i);
         listed[i] = true;
       }
     }
