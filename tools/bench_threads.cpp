@@ -2,7 +2,10 @@
 // each replaying its own small-block churn (tensor-like sizes from 512 B to
 // 64 KiB, short lives) on its own stream through one shared Allocator (host
 // runtime), and the same traces through glibc malloc, measured in the same
-// run through Google Benchmark (wall time, ->Threads(1) and ->Threads(2)).
+// run through Google Benchmark (wall time, ->Threads(1) and ->Threads(2));
+// beside them, glibc malloc with one shared atomic counter written per
+// operation and under one shared lock: what state shared by the threads
+// costs, whatever the allocator.
 // The table after its output gives each allocator's total throughput with
 // two threads over one: 2.0 is perfect scaling, 1.0 none. Makes no
 // pass/fail judgement on time.
