@@ -82,13 +82,20 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
   // in tick order): the kept ones keep it, renumbered, each under its own
   // device. Freed occupants in no list (forget_live's, whose free the
   // allocator never reported: tick 1, at or before every other) go first,
-  // as a sort by tick would put them.
-  absl::flat_hash_map<int, std::vector<std::size_t>> freed;
-  std::vector<bool> listed(occupants.size(), false);
+  // as a sort by tick would put them. The live indexes are built whole,
+  // each with one sort.
+  using LiveRanges = std::vector<SortedSpans<std::size_t>::Range>;
+  struct Rebuilt {
+    LiveRanges live, live_outside;
+    std::vector<std::size_t> unlisted;  // freed, in no list
+    std::vector<std::size_t> carried;   // freed, from the lists, in free order
+  };
+  absl::flat_hash_map<int, Rebuilt> rebuilt;
+  std::vector<bool> listed(occupants.size(), false);  // by new index
   for (const auto& [device, d] : devices_) {
     for (std::size_t old : d.freed) {
       if (const std::size_t i = renumbered[old]; i != kDropped && !listed[i]) {
-        freed[occupants[i].device].push_back(i);
+        rebuilt[occupants[i].device].carried.push_back(i);
         listed[i] = true;
       }
     }
@@ -98,13 +105,6 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
   by_sequence_.clear();
   by_sequence_.reserve(occupants_.size());
   devices_.clear();
-  // The live indexes are built whole, each with one sort.
-  using LiveRanges = std::vector<SortedSpans<std::size_t>::Range>;
-  struct Rebuilt {
-    LiveRanges live, live_outside;
-    std::vector<std::size_t> unlisted;
-  };
-  absl::flat_hash_map<int, Rebuilt> rebuilt;
   for (std::size_t i = 0; i < occupants_.size(); ++i) {
     Occupant& o = occupants_[i];
     const int device = o.device;
@@ -124,8 +124,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
     d.live.assign(r.live);
     d.live_outside.assign(r.live_outside);
     d.freed = std::move(r.unlisted);
-    const std::vector<std::size_t>& list = freed[device];
-    d.freed.insert(d.freed.end(), list.begin(), list.end());
+    d.freed.insert(d.freed.end(), r.carried.begin(), r.carried.end());
   }
 }
 

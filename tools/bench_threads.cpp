@@ -14,7 +14,7 @@
 //                          [--benchmark_...]
 //
 // What it shows about capalloc's design: one lock guards an Allocator
-// (docs/design.md, "Locking"), so two threads on two streams take turns on
+// (docs/design.md, "The lock"), so two threads on two streams take turns on
 // it; their streams' segments, free indexes and quick caches are apart, so
 // they do not contend for blocks, only for the lock.
 #include <atomic>
