@@ -28,10 +28,12 @@ namespace capalloc {
 // most of the steady-state allocation.
 [[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached_locked(
     std::size_t bytes, std::size_t rounded, int device, StreamHandle stream) {
-  // The default stream or one of the last two checked (and not reported
-  // destroyed since: the test below rules that out). Any other stream
-  // takes the general path, which checks it.
-  if (!recent_stream(stream) || !pending.empty() ||
+  // A stream checked before and not reported destroyed since (the last
+  // test rules out a report not yet applied): the default stream or
+  // one of the last two checked, by comparison, else any other known one
+  // (recall_known_stream). A stream never checked takes the general path,
+  // which checks it.
+  if ((!recent_stream(stream) && !recall_known_stream(stream)) || !pending.empty() ||
       !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
       gone_streams->any.load(std::memory_order_acquire)) {
     return nullptr;

@@ -155,6 +155,71 @@ TEST_CASE("issue 12: steady-state allocate/free through the C++ API allocates no
   REQUIRE(rt->destroy_stream(*side).ok());
 }
 
+TEST_CASE("issue 12: the steady state takes any known stream, not only the last two, and "
+          "still refuses one destroyed since",
+          "[steady_state]") {
+  // Four streams taking turns (compute, copy, communication...): every one
+  // of them is known, none but the last two is recent. The counted replay
+  // allocates nothing and logs nothing on them all.
+  auto rt = testing::host_runtime();
+  auto alloc = testing::make_allocator(rt);
+  std::vector<StreamHandle> streams = {kDefaultStream};
+  for (int i = 0; i < 3; ++i) {
+    auto s = rt->create_stream(0);
+    REQUIRE(s.ok());
+    streams.push_back(*s);
+  }
+  const auto trace = churn_trace(20000, 4);
+  std::vector<void*> slots(256, nullptr);
+  auto replay = [&] {
+    int failures = 0;
+    for (const ChurnOp& op : trace) {
+      void*& p = slots[op.slot];
+      if (p != nullptr) {
+        failures += alloc->deallocate(p).ok() ? 0 : 1;
+        p = nullptr;
+      } else {
+        auto got = alloc->allocate(op.size, 0, streams[op.stream]);
+        failures += got.ok() ? 0 : 1;
+        p = got.ok() ? *got : nullptr;
+      }
+    }
+    return failures;
+  };
+  REQUIRE(replay() == 0);
+  check_counted_replay(replay);
+  for (void*& p : slots) {
+    if (p != nullptr) REQUIRE(alloc->deallocate(p).ok());
+    p = nullptr;
+  }
+  // A known stream that is not among the last two, destroyed: the next
+  // allocation on it is refused, and nothing changes.
+  const StreamHandle gone = streams[1];
+  for (StreamHandle s : {streams[2], streams[3]}) {
+    auto p = alloc->allocate(4096, 0, s);
+    REQUIRE(p.ok());
+    REQUIRE(alloc->deallocate(*p).ok());
+  }
+  REQUIRE(rt->destroy_stream(gone).ok());
+  auto before = alloc->stats(0);
+  REQUIRE(before.ok());
+  auto refused = alloc->allocate(4096, 0, gone);
+  CHECK(absl::IsInvalidArgument(refused.status()));
+  auto after = alloc->stats(0);
+  REQUIRE(after.ok());
+  CHECK(after->allocated_bytes.current == before->allocated_bytes.current);
+  CHECK(after->allocations == before->allocations);
+  CHECK(alloc->CheckInvariants().ok());
+  // The streams that live on keep working, the last two and the others.
+  for (StreamHandle s : {streams[3], streams[2], kDefaultStream, streams[3]}) {
+    auto p = alloc->allocate(4096, 0, s);
+    REQUIRE(p.ok());
+    REQUIRE(alloc->deallocate(*p).ok());
+  }
+  CHECK(alloc->CheckInvariants().ok());
+  for (StreamHandle s : {streams[2], streams[3]}) REQUIRE(rt->destroy_stream(s).ok());
+}
+
 TEST_CASE("issue 12: steady-state capalloc_torch_malloc/free allocates no heap memory and logs "
           "nothing",
           "[steady_state][c_api]") {
