@@ -39,11 +39,19 @@ absl::Status Allocator::Impl::diagnose_unknown(const void* ptr, std::string_view
         absl::StrFormat("%s(%p): capalloc did not allocate this pointer", name, ptr));
   }
   if (b->addr != addr) {
+    // Inside a free block: either a pointer into memory nobody holds, or a
+    // block freed already whose neighbour's free merged it away. The
+    // allocator keeps no record that tells the two apart, so the message
+    // names both.
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s(%p): pointer is %d bytes into the %s block at %p (%d bytes, device %d); pass the "
-        "block's start address",
+        "block's start address%s",
         name, ptr, addr - b->addr, detail::state_name(b->state), b->ptr(), b->size,
-        b->segment->device));
+        b->segment->device,
+        b->state == BlockState::kFree
+            ? " (if allocate() returned this pointer, it was freed already and has merged "
+              "with a free neighbour: a double free)"
+            : ""));
   }
   if (b->state == BlockState::kFree && !b->handed_out) {
     return absl::NotFoundError(absl::StrFormat(
