@@ -243,6 +243,7 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
     if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
   if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
+  if (absl::Status s = m.check_stream_device(stream, device, "allocate"); !s.ok()) return s;
   if (request.lifetime == Lifetime::kPersistent) {
     if (absl::Status s = m.refuse_persistent(device, stream, bytes, request.tag, ctx); !s.ok()) {
       return s;

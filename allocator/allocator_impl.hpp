@@ -147,19 +147,52 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   bool watch_graph(CaptureId capture, StreamHandle stream, PoolHandle pool, bool holds_pool_ref);
   std::shared_ptr<detail::GoneGraphs> gone_graphs = std::make_shared<detail::GoneGraphs>();
   // Streams seen valid (checked the first time each is used, then
-  // remembered until the runtime reports it destroyed), the last one used,
-  // and the runtime's reports of destroyed streams.
-  absl::flat_hash_set<StreamHandle> known_streams;
+  // remembered until the runtime reports it destroyed), each with its device
+  // (kAnyDevice where the runtime cannot tell: MemoryRuntime::stream_device),
+  // the last one used, and the runtime's reports of destroyed streams.
+  absl::flat_hash_map<StreamHandle, int> known_streams;
   StreamHandle last_known_stream = kDefaultStream;
+  int last_known_device = kAnyDevice;
   // The stream checked before the last one: two streams taking turns (a
   // compute and a copy stream, or two threads) stay on the quick paths.
   StreamHandle previous_known_stream = kDefaultStream;
+  int previous_known_device = kAnyDevice;
   // The default stream or one of the last two checked: known without a
-  // lookup (the steady-state paths take no other).
+  // lookup.
   bool recent_stream(StreamHandle stream) const {
     return stream == kDefaultStream || stream == last_known_stream ||
            stream == previous_known_stream;
   }
+  // recent_stream, and usable for an allocation on `device` (its device is
+  // that one, or unknown): the steady-state allocation's test.
+  bool recent_stream_on(StreamHandle stream, int device) const {
+    return stream == kDefaultStream ||
+           (stream == last_known_stream &&
+            (last_known_device == device || last_known_device == kAnyDevice)) ||
+           (stream == previous_known_stream &&
+            (previous_known_device == device || previous_known_device == kAnyDevice));
+  }
+  // Makes a known stream the last one checked.
+  void note_recent(StreamHandle stream, int stream_device) {
+    if (stream == last_known_stream) return;
+    previous_known_stream = last_known_stream;
+    previous_known_device = last_known_device;
+    last_known_stream = stream;
+    last_known_device = stream_device;
+  }
+  // The device a known stream runs on, kAnyDevice when the runtime could not
+  // tell or the stream is not known (the default stream runs on every one).
+  int device_of_stream(StreamHandle stream) const {
+    if (stream == kDefaultStream) return kAnyDevice;
+    auto it = known_streams.find(stream);
+    return it == known_streams.end() ? kAnyDevice : it->second;
+  }
+  // OK when an allocation for `device` may use `stream` (checked already by
+  // check_stream): the default stream, or a stream of that device, or of a
+  // device the runtime cannot tell. Else kInvalidArgument: such a block's
+  // segment would be owned by a stream that cannot order its reuse, and the
+  // event of a later free could not be recorded on it.
+  absl::Status check_stream_device(StreamHandle stream, int device, std::string_view call) const;
   std::shared_ptr<detail::GoneStreams> gone_streams = std::make_shared<detail::GoneStreams>();
   bool unwatchable_logged = false;
   // The retention audit and the event trace (allocator/observation.hpp,
@@ -241,9 +274,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   }
   // check_stream for a stream other than the last one used.
   absl::Status remember_stream(StreamHandle stream, std::string_view call);
-  // The steady-state paths' check of a stream that is not recent_stream:
-  // whether it is known (then it becomes the last one checked, as
-  // check_stream would make it). Out of line, off the one- and two-stream
+  // The steady-state allocation's check of a stream that is not
+  // recent_stream_on(stream, device): whether it is known and usable on
+  // `device` (then it becomes the last one checked, as check_stream would
+  // make it). Out of line, off the one- and two-stream
   // path. Without it a workload cycling through three or more streams
   // (compute, copy, communication) took the general path at every
   // allocation (small-block churn over four streams: 802 instructions a
@@ -251,10 +285,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // destruction reported but not yet applied may leave the stream the last
   // one checked for a moment: the caller then declines (gone_streams), and
   // apply_gone_streams forgets it there too.
-  [[gnu::noinline]] bool recall_known_stream(StreamHandle stream) {
-    if (!known_streams.contains(stream)) return false;
-    previous_known_stream = last_known_stream;
-    last_known_stream = stream;
+  [[gnu::noinline]] bool recall_known_stream(StreamHandle stream, int device) {
+    auto it = known_streams.find(stream);
+    if (it == known_streams.end() || (it->second != device && it->second != kAnyDevice)) {
+      return false;
+    }
+    note_recent(stream, it->second);
     return true;
   }
   // What the runtime reported from other threads (graphs gone, streams

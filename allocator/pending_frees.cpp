@@ -29,11 +29,24 @@ absl::StatusOr<EventHandle> Allocator::Impl::acquire_event(int device) {
 
 absl::Status Allocator::Impl::record_free_events(Block* block) {
   // All or nothing: on failure no event stays queued for the block.
-  const int device = block->segment->device;
+  // Each event is made on its stream's device (an event can be recorded
+  // only on a stream of its own device), as PyTorch's allocator makes it:
+  // a block of one device recorded on another device's stream is freed
+  // once that stream's work is done. A stream whose device the runtime
+  // cannot tell gets one of the block's device.
+  const int block_device = block->segment->device;
   const std::size_t first_new = pending.size();
   auto& used = block->used_on;
+  auto give_back_event = [this](EventHandle event, int device) {
+    devices[static_cast<std::size_t>(device)].spare_events.push_back(event);
+  };
   for (std::size_t i = 0; i < used.size();) {
     const StreamHandle s = used[i];
+    const int stream_device = device_of_stream(s);
+    const int device = stream_device == kAnyDevice ||
+                               static_cast<std::size_t>(stream_device) >= devices.size()
+                           ? block_device
+                           : stream_device;
     auto event = acquire_event(device);
     absl::Status status = event.ok() ? runtime->record_event(*event, s) : event.status();
     if (status.ok()) {
@@ -41,7 +54,7 @@ absl::Status Allocator::Impl::record_free_events(Block* block) {
       ++i;
       continue;
     }
-    if (event.ok()) devices[device].spare_events.push_back(*event);
+    if (event.ok()) give_back_event(*event, device);
     // Destroyed by another thread since free_block asked capture_info: its
     // work has run (destroy_stream waits for it), so the free needs no
     // event on it. The runtime must say so itself (capture_info: not
@@ -53,7 +66,7 @@ absl::Status Allocator::Impl::record_free_events(Block* block) {
       }
     }
     for (std::size_t j = first_new; j < pending.size(); ++j) {
-      devices[device].spare_events.push_back(pending[j].event);
+      give_back_event(pending[j].event, pending[j].device);
     }
     pending.resize(first_new);
     return absl::Status(status.code(),
@@ -93,7 +106,9 @@ void Allocator::Impl::process_pending() {
   auto keep = pending.begin();
   for (auto it = pending.begin(); it != pending.end(); ++it) {
     bool done = false;
-    if (events_allowed(it->device)) {
+    // Neither the event's device nor the block's may have a capture routed
+    // (they differ after record_stream on another device's stream).
+    if (events_allowed(it->device) && events_allowed(it->block->segment->device)) {
       auto queried = runtime->query_event(it->event);
       done = queried.ok() && *queried;
     }

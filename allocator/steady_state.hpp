@@ -29,12 +29,12 @@ namespace capalloc {
 [[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached_locked(
     std::size_t bytes, std::size_t rounded, int device, StreamHandle stream) {
   // A stream checked before and not reported destroyed since (the last
-  // test rules out a report not yet applied): the default stream or
-  // one of the last two checked, by comparison, else any other known one
-  // (recall_known_stream). A stream never checked takes the general path,
-  // which checks it.
-  if ((!recent_stream(stream) && !recall_known_stream(stream)) || !pending.empty() ||
-      !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
+  // test rules out a report not yet applied), of the allocation's device:
+  // the default stream or one of the last two checked, by comparison, else
+  // any other known one (recall_known_stream). A stream never checked, or
+  // of another device, takes the general path, which checks it.
+  if ((!recent_stream_on(stream, device) && !recall_known_stream(stream, device)) ||
+      !pending.empty() || !deferred.empty() || gone_graphs->any.load(std::memory_order_acquire) ||
       gone_streams->any.load(std::memory_order_acquire)) {
     return nullptr;
   }

@@ -32,13 +32,23 @@ absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_v
           "destroyed): %s",
           std::string(call), stream, runtime->name(), std::string(info.status().message())));
     }
-    known_streams.insert(stream);
+    // Its device, asked once: any failure (a runtime that cannot tell)
+    // leaves it unknown, and the stream usable on every device as before.
+    auto device = runtime->stream_device(stream);
+    known_streams.emplace(stream, device.ok() ? *device : kAnyDevice);
   }
-  if (stream != last_known_stream) {
-    previous_known_stream = last_known_stream;
-    last_known_stream = stream;
-  }
+  note_recent(stream, known_streams.find(stream)->second);
   return absl::OkStatus();
+}
+
+absl::Status Allocator::Impl::check_stream_device(StreamHandle stream, int device,
+                                                  std::string_view call) const {
+  const int own = device_of_stream(stream);
+  if (own == kAnyDevice || own == device) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: stream 0x%x runs on device %d, not device %d; allocate on a stream of device %d "
+      "(or the default stream)",
+      std::string(call), stream, own, device, device));
 }
 
 void Allocator::Impl::apply_gone_streams() {
@@ -62,8 +72,14 @@ void Allocator::Impl::apply_gone_streams() {
   };
   for (StreamHandle stream : streams) {
     known_streams.erase(stream);
-    if (last_known_stream == stream) last_known_stream = kDefaultStream;
-    if (previous_known_stream == stream) previous_known_stream = kDefaultStream;
+    if (last_known_stream == stream) {
+      last_known_stream = kDefaultStream;
+      last_known_device = kAnyDevice;
+    }
+    if (previous_known_stream == stream) {
+      previous_known_stream = kDefaultStream;
+      previous_known_device = kAnyDevice;
+    }
   }
   live.for_each([&](std::uintptr_t, Block* block) {
     if (!block->used_on.empty()) forget(block);

@@ -88,6 +88,11 @@ struct CudaApi {
     return cudaStreamCreateWithFlags(stream, flags);
   }
   static Error StreamDestroy(Stream stream) { return cudaStreamDestroy(stream); }
+  // CUDA 12.8 and later. (HIP 5 has no hipStreamGetDevice: HipApi leaves it
+  // out, and GpuRuntime::stream_device answers kUnimplemented there.)
+  static Error StreamGetDevice(Stream stream, int* device) {
+    return cudaStreamGetDevice(stream, device);
+  }
   static Error StreamSynchronize(Stream stream) { return cudaStreamSynchronize(stream); }
   static Error StreamWaitEvent(Stream stream, Event event, unsigned int flags) {
     return cudaStreamWaitEvent(stream, event, flags);

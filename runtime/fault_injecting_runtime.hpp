@@ -21,9 +21,10 @@
 // by cudaGraphInstantiate does. A fault of its capture step fails the end;
 // one of its instantiate step fails after a successful end.) Queries that
 // cannot fail on a real device in any way a caller could act on
-// (device_count, memory_info, capture_info, any_capture_active, graph_writes,
-// graph_dependencies, captured_graph_*, exchange_thread_capture_mode,
-// watch_*) are forwarded, not counted, never failed.
+// (device_count, memory_info, capture_info, any_capture_active,
+// stream_device, graph_writes, graph_dependencies, captured_graph_*,
+// exchange_thread_capture_mode, watch_*) are forwarded, not counted, never
+// failed.
 //
 // A FaultPlan fails the Nth call of one category (or the Nth call of all
 // seven together), and optionally the calls after it; several plans may be
@@ -174,6 +175,9 @@ class FaultInjectingRuntime final : public DeviceRuntime {
     return in_->capture_info(stream);
   }
   bool any_capture_active(int device) const override { return in_->any_capture_active(device); }
+  absl::StatusOr<int> stream_device(StreamHandle stream) override {
+    return in_->stream_device(stream);
+  }
   absl::Status watch_capture_graph(StreamHandle stream, std::function<void()> on_gone) override {
     return in_->watch_capture_graph(stream, std::move(on_gone));
   }

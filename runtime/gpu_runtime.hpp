@@ -84,6 +84,7 @@ class GpuRuntime final : public DeviceRuntime {
   absl::StatusOr<CaptureId> begin_capture(StreamHandle stream, CaptureMode mode) override;
   absl::StatusOr<GraphHandle> end_capture(StreamHandle stream) override;
   absl::StatusOr<CaptureInfo> capture_info(StreamHandle stream) override;
+  absl::StatusOr<int> stream_device(StreamHandle stream) override;
   // Always true: captures begun through the native API (PyTorch's) are
   // invisible here, so the allocator must ask capture_info per allocation.
   bool any_capture_active(int) const override { return true; }

@@ -134,6 +134,22 @@ absl::StatusOr<StreamHandle> GpuRuntime<Api>::create_stream(int device) {
 }
 
 template <class Api>
+absl::StatusOr<int> GpuRuntime<Api>::stream_device(StreamHandle stream) {
+  if constexpr (requires(NativeStream s, int* d) { Api::StreamGetDevice(s, d); }) {
+    int device = -1;
+    if (const typename Api::Error e =
+            Api::StreamGetDevice(gpu::native_stream<Api>(stream), &device);
+        e != Api::kSuccess) {
+      return gpu::native_error<Api>(
+          e, absl::StrFormat("%sStreamGetDevice(stream 0x%x)", Api::kName, stream));
+    }
+    return device;
+  } else {
+    return DeviceRuntime::stream_device(stream);
+  }
+}
+
+template <class Api>
 absl::Status GpuRuntime<Api>::destroy_stream(StreamHandle stream) {
   if (stream == kDefaultStream) {
     return absl::InvalidArgumentError("destroy_stream: the default stream cannot be destroyed");

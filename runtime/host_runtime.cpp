@@ -241,6 +241,15 @@ absl::StatusOr<StreamHandle> HostRuntime::create_stream(int device) {
   });
 }
 
+absl::StatusOr<int> HostRuntime::stream_device(StreamHandle stream) {
+  return guarded("host runtime: stream_device", [&]() -> absl::StatusOr<int> {
+    std::lock_guard lock(mu_);
+    auto found = find_stream(stream, "stream_device");
+    if (!found.ok()) return found.status();
+    return (*found)->device;
+  });
+}
+
 absl::Status HostRuntime::destroy_stream(StreamHandle stream) {
   return guarded("host runtime: destroy_stream", [&]() -> absl::Status {
     if (stream == kDefaultStream) {

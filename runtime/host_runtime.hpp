@@ -173,6 +173,7 @@ class HostRuntime final : public DeviceRuntime {
   CaptureMode exchange_thread_capture_mode(CaptureMode mode) override;
 
   absl::StatusOr<StreamHandle> create_stream(int device) override;
+  absl::StatusOr<int> stream_device(StreamHandle stream) override;
   absl::Status destroy_stream(StreamHandle stream) override;
   void watch_stream_destruction(std::function<bool(StreamHandle)> on_destroyed) override {
     stream_watchers_.add(std::move(on_destroyed));

@@ -88,6 +88,76 @@ TEST_CASE("record_stream: a block still read on stream B is not reused until B's
   REQUIRE_OK(rt->destroy_stream(b));
 }
 
+TEST_CASE("record_stream on another device's stream holds the free until that stream is done",
+          "[streams]") {
+  // PyTorch allows a tensor of device 0 to be recorded on a stream of
+  // device 1; its free then waits for an event made on device 1. Before,
+  // the event was made on the block's device, recording it on the other
+  // device's stream failed, and every free of the block failed with it (a
+  // leak behind capalloc_torch_free, which cannot report).
+  auto rt = host_runtime(std::size_t{16} << 30, 2);
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(1);
+  CHECK(*rt->stream_device(a) == 0);
+  CHECK(*rt->stream_device(b) == 1);
+
+  void* p = *alloc->allocate(kBlock, 0, a);
+  capalloc::testing::write_cookie(p, 256, kCookie);
+  CookieReader reader;
+  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
+  reader.started.get_future().wait();
+  REQUIRE_OK(alloc->record_stream(p, b));
+  REQUIRE_OK(alloc->deallocate(p));
+  CHECK(alloc->block_info(p)->state == BlockState::kPendingFree);
+  for (int i = 0; i < 4; ++i) {
+    void* q = *alloc->allocate(kBlock, 0, a);
+    CHECK(q != p);
+    std::memset(q, 0x5A, kBlock);
+    REQUIRE_OK(alloc->deallocate(q));
+  }
+  reader.stop.store(true);
+  REQUIRE_OK(rt->synchronize_stream(b));
+  CHECK(reader.damaged_reads.load() == 0);
+  void* again = *alloc->allocate(kBlock, 0, a);  // processes the completed free
+  CHECK(alloc->stats(0)->pending_free_blocks == 0);
+  CHECK(alloc->block_info(p)->state != BlockState::kPendingFree);
+  REQUIRE_OK(alloc->deallocate(again));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
+
+TEST_CASE("an allocation for one device on another device's stream is refused, changing nothing",
+          "[streams]") {
+  auto rt = host_runtime(std::size_t{16} << 30, 2);
+  auto alloc = make_allocator(rt);
+  const StreamHandle a = *rt->create_stream(0);
+  const StreamHandle b = *rt->create_stream(1);
+  // Each stream used on its own device first, so that both are known and
+  // recent: the steady state must refuse them on the other device too.
+  for (int round = 0; round < 2; ++round) {
+    REQUIRE_OK(alloc->deallocate(*alloc->allocate(4096, 0, a)));
+    REQUIRE_OK(alloc->deallocate(*alloc->allocate(4096, 1, b)));
+  }
+  const AllocatorStats before0 = *alloc->stats(0);
+  const AllocatorStats before1 = *alloc->stats(1);
+  for (std::size_t bytes : {std::size_t{4096}, kBlock, std::size_t{64} << 20}) {
+    auto wrong = alloc->allocate(bytes, 1, a);
+    CHECK(absl::IsInvalidArgument(wrong.status()));
+    CHECK_THAT(std::string(wrong.status().message()),
+               Catch::Contains("runs on device 0, not device 1"));
+    CHECK(absl::IsInvalidArgument(alloc->allocate(bytes, 0, b).status()));
+  }
+  CHECK(capalloc::testing::same_state(before0, *alloc->stats(0)));
+  CHECK(capalloc::testing::same_state(before1, *alloc->stats(1)));
+  // The default stream runs on every device.
+  REQUIRE_OK(alloc->deallocate(*alloc->allocate(4096, 1, kDefaultStream)));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(a));
+  REQUIRE_OK(rt->destroy_stream(b));
+}
+
 TEST_CASE("record_stream: without it the hazard is real (the cookie test can see it)",
           "[streams]") {
   // The control arm: a kernel on stream B still has to read the block when

@@ -111,7 +111,11 @@ struct StatCounter {
 };
 
 struct AllocatorStats {
-  StatCounter allocated_bytes;  // rounded sizes of live blocks
+  // The sizes of live blocks: each request rounded up to the granularity,
+  // or up to 1/4 more when the request reused a cached free block that
+  // much larger (allocator/quick_cache.hpp). Whole blocks, as PyTorch's
+  // allocated_bytes counts them.
+  StatCounter allocated_bytes;
   StatCounter requested_bytes;  // sizes callers asked for, of live blocks
   StatCounter reserved_bytes;   // bytes of segments held from the runtime
   StatCounter segments;

@@ -205,6 +205,18 @@ class CAPALLOC_API MemoryRuntime {
 
   // --- Streams and events ---------------------------------------------------
   virtual absl::StatusOr<StreamHandle> create_stream(int device) = 0;
+  // The device `stream` runs on: kNotFound for a stream the runtime does not
+  // know, kUnimplemented where the runtime cannot tell (HIP before 6.0),
+  // and the caller then assumes the device the call names. Not asked for
+  // kDefaultStream, which every device has. The allocator asks once per
+  // stream, the first time a call names it: an allocation for one device
+  // on another device's stream is refused, and the event that holds a
+  // block freed after record_stream back until a stream's work is done is
+  // made on that stream's device, as PyTorch's allocator makes it.
+  virtual absl::StatusOr<int> stream_device(StreamHandle stream) {
+    (void)stream;
+    return absl::UnimplementedError("stream_device: this runtime cannot tell a stream's device");
+  }
   // Waits for the stream's work, then destroys it.
   virtual absl::Status destroy_stream(StreamHandle stream) = 0;
   // Calls `on_destroyed(stream)` after each stream that destroy_stream
