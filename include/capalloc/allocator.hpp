@@ -247,7 +247,11 @@ class CAPALLOC_API Allocator {
 
   // Returns fully free, cached segments of `device` (or of every device for
   // kAnyDevice) to the runtime. Pending frees whose events have completed are
-  // processed first; no caller work is waited for.
+  // processed first; those still waiting stay, and their events are not
+  // waited for. Giving memory back waits for the device where the runtime's
+  // release does: cudaFree and hipFree wait for all work on the device, and
+  // the host runtime models that, so empty_cache takes as long as the
+  // device's queued work (PyTorch's empty_cache does the same).
   absl::Status empty_cache(int device = kAnyDevice);
 
   // --- Graph pools and capture routing ---------------------------------------
