@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <tuple>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -242,8 +243,18 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
       request.tag.empty() && request.owner.empty()) {
     if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
-  if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
-  if (absl::Status s = m.check_stream_device(stream, device, "allocate"); !s.ok()) return s;
+  {
+    // A refusal leaves the last streams checked as they were (the stream
+    // itself stays known: it is a live stream, only not this device's).
+    const auto recent = std::make_tuple(m.last_known_stream, m.last_known_device,
+                                        m.previous_known_stream, m.previous_known_device);
+    if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
+    if (absl::Status s = m.check_stream_device(stream, device, "allocate"); !s.ok()) {
+      std::tie(m.last_known_stream, m.last_known_device, m.previous_known_stream,
+               m.previous_known_device) = recent;
+      return s;
+    }
+  }
   if (request.lifetime == Lifetime::kPersistent) {
     if (absl::Status s = m.refuse_persistent(device, stream, bytes, request.tag, ctx); !s.ok()) {
       return s;
@@ -251,8 +262,14 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   }
   if (!m.pending.empty() || !m.deferred.empty()) m.process_pending();
   if (m.gone_graphs->any.load(std::memory_order_acquire)) m.apply_gone_graphs();
-  Pool& pool = ctx.capture != 0 ? *m.route_for(device, ctx.capture, stream)
-                                : *m.devices[device].default_pool;
+  Pool* routed = ctx.capture != 0 ? m.route_for(device, ctx.capture, stream) : nullptr;
+  if (ctx.capture != 0 && routed == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "allocate: capture %d allocates to a graph pool of another device than device %d "
+        "(begin_allocate_to_pool named that pool); allocate for the pool's device",
+        ctx.capture, device));
+  }
+  Pool& pool = ctx.capture != 0 ? *routed : *m.devices[device].default_pool;
   // What needs host memory and can fail (it throws) comes before the take or
   // undoes it, so that no block is lost between the pool and the pointer
   // table; Allocator::allocate turns the throw into kResourceExhausted.

@@ -349,9 +349,14 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   absl::StatusOr<detail::Pool*> find_handle_pool(PoolHandle handle, std::string_view call) const;
   // The pool a capture's allocations go to. Inline for the allocations of
   // one capture, which find the route found last; route_for_slow looks it
-  // up, or makes a private pool for a capture nobody announced.
+  // up, or makes a private pool for a capture nobody announced. nullptr,
+  // changing nothing, when the capture's route goes to another device's
+  // pool: an allocation for device 0 in a capture routed to a pool of
+  // device 1 would reserve on one device and count on the other.
   detail::Pool* route_for(int device, CaptureId capture, StreamHandle stream) {
-    if (capture == last_route_capture) return last_route_pool;
+    if (capture == last_route_capture) {
+      return last_route_pool->device() == device ? last_route_pool : nullptr;
+    }
     return route_for_slow(device, capture, stream);
   }
   detail::Pool* route_for_slow(int device, CaptureId capture, StreamHandle stream);

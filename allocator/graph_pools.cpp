@@ -30,6 +30,7 @@ absl::StatusOr<Pool*> Allocator::Impl::find_graph_pool(PoolHandle handle) const 
 
 Pool* Allocator::Impl::route_for_slow(int device, CaptureId capture, StreamHandle stream) {
   auto it = routes.find(capture);
+  if (it != routes.end() && it->second.pool->device() != device) return nullptr;
   if (it != routes.end()) {
     // An announced capture (PyTorch's): its graph is watched too, from its
     // first allocation, so that the tracker drops its record (and the memory
@@ -353,6 +354,15 @@ absl::Status Allocator::begin_allocate_to_pool(int device, CaptureId capture, Po
   if (m.routes.contains(capture)) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "begin_allocate_to_pool: capture %d already allocates to a pool", capture));
+  }
+  // The capturing stream, when named, must run on the pool's device (where
+  // the runtime can tell: MemoryRuntime::stream_device).
+  if (stream != kDefaultStream) {
+    if (auto on = m.runtime->stream_device(stream); on.ok() && *on != device) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "begin_allocate_to_pool: stream 0x%x runs on device %d, not device %d (graph pool %d's)",
+          stream, *on, device, handle));
+    }
   }
   ++(*pool)->route_refs;
   detail::CaptureRoute& route =

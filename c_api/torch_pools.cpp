@@ -124,6 +124,12 @@ absl::Status route_torch_capture_underway(const GlobalCapalloc& g, int device, v
   auto info = g.allocator->runtime().capture_info(handle);
   // An unusable stream: the allocation reports it.
   if (!info.ok() || info->status != CaptureStatus::kActive) return absl::OkStatus();
+  // A stream of another device: the allocation refuses it, and the capture
+  // must not be routed to this device's pool on the way (its later
+  // allocations for the stream's own device would find that route).
+  if (auto on = g.allocator->runtime().stream_device(handle); on.ok() && *on != device) {
+    return absl::OkStatus();
+  }
   std::lock_guard lock(tp.mu);
   if (tp.routed.contains(info->id)) return absl::OkStatus();
   for (auto& [key, pool] : tp.pools) {

@@ -158,6 +158,45 @@ TEST_CASE("an allocation for one device on another device's stream is refused, c
   REQUIRE_OK(rt->destroy_stream(b));
 }
 
+TEST_CASE("a capture routed to another device's graph pool refuses its allocations",
+          "[streams][capture]") {
+  // Found by a review: a capture on a stream of device 0 routed to a graph
+  // pool of device 1 handed out device-0 memory filed in device 1's pool
+  // and stats, and the invariants broke.
+  auto rt = host_runtime(std::size_t{16} << 30, 2);
+  auto alloc = make_allocator(rt);
+  const StreamHandle s0 = *rt->create_stream(0);
+  auto pool1 = alloc->create_graph_pool(1);
+  REQUIRE_OK(pool1);
+  auto capture = rt->begin_capture(s0, CaptureMode::kThreadLocal);
+  REQUIRE_OK(capture);
+  // Named with its stream, the route is refused at once.
+  const absl::Status named = alloc->begin_allocate_to_pool(1, *capture, *pool1, s0);
+  CHECK(absl::IsInvalidArgument(named));
+  CHECK_THAT(std::string(named.message()), Catch::Contains("runs on device 0, not device 1"));
+  // Without the stream the route cannot be checked; the allocations are.
+  REQUIRE_OK(alloc->begin_allocate_to_pool(1, *capture, *pool1));
+  const AllocatorStats before0 = *alloc->stats(0);
+  const AllocatorStats before1 = *alloc->stats(1);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the route looked up, then remembered
+    auto wrong = alloc->allocate(4096, 0, s0);
+    CHECK(absl::IsInvalidArgument(wrong.status()));
+    CHECK_THAT(std::string(wrong.status().message()),
+               Catch::Contains("a graph pool of another device"));
+    CHECK(absl::IsInvalidArgument(alloc->allocate(4096, 1, s0).status()));
+  }
+  CHECK(capalloc::testing::same_state(before0, *alloc->stats(0)));
+  CHECK(capalloc::testing::same_state(before1, *alloc->stats(1)));
+  REQUIRE_OK(alloc->CheckInvariants());
+  auto graph = rt->end_capture(s0);
+  REQUIRE_OK(graph);
+  REQUIRE_OK(alloc->end_allocate_to_pool(*capture));
+  REQUIRE_OK(rt->destroy_graph(*graph));
+  REQUIRE_OK(alloc->release_graph_pool(*pool1));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(rt->destroy_stream(s0));
+}
+
 TEST_CASE("record_stream: without it the hazard is real (the cookie test can see it)",
           "[streams]") {
   // The control arm: a kernel on stream B still has to read the block when
