@@ -43,6 +43,44 @@ struct CookieReader {
   }
 };
 
+// A block allocated on `owner`, read by a kernel on `reader_stream` and
+// recorded on it, then freed: it stays pending while the kernel runs (the
+// requests of its size on `owner` get other memory, which is scribbled
+// over without reaching the reader), and is free again once the reader's
+// stream has passed the free's event.
+void check_free_waits_for_reader(Allocator& alloc, DeviceRuntime& rt, StreamHandle owner,
+                                 StreamHandle reader_stream) {
+  void* p = *alloc.allocate(kBlock, 0, owner);
+  capalloc::testing::write_cookie(p, 256, kCookie);
+  CookieReader reader;
+  REQUIRE_OK(rt.launch_kernel(reader_stream, reader.kernel(p)));
+  reader.started.get_future().wait();
+
+  REQUIRE_OK(alloc.record_stream(p, reader_stream));
+  REQUIRE_OK(alloc.deallocate(p));
+  CHECK(alloc.block_info(p)->state == BlockState::kPendingFree);
+  CHECK(alloc.stats(0)->pending_free_blocks == 1);
+
+  std::vector<void*> others;
+  for (int i = 0; i < 8; ++i) {
+    void* q = *alloc.allocate(kBlock, 0, owner);
+    CHECK(q != p);
+    std::memset(q, 0x5A, kBlock);
+    others.push_back(q);
+  }
+  reader.stop.store(true);
+  REQUIRE_OK(rt.synchronize_stream(reader_stream));
+  CHECK(reader.finished.load());
+  CHECK(reader.damaged_reads.load() == 0);
+
+  for (void* q : others) REQUIRE_OK(alloc.deallocate(q));
+  void* again = *alloc.allocate(kBlock, 0, owner);  // processes the completed free
+  CHECK(alloc.stats(0)->pending_free_blocks == 0);
+  CHECK(alloc.block_info(p)->state != BlockState::kPendingFree);
+  REQUIRE_OK(alloc.deallocate(again));
+  REQUIRE_OK(alloc.CheckInvariants());
+}
+
 }  // namespace
 
 TEST_CASE("record_stream: a block still read on stream B is not reused until B's kernel is done",
@@ -51,39 +89,7 @@ TEST_CASE("record_stream: a block still read on stream B is not reused until B's
   auto alloc = make_allocator(rt);
   const StreamHandle a = *rt->create_stream(0);
   const StreamHandle b = *rt->create_stream(0);
-
-  void* p = *alloc->allocate(kBlock, 0, a);
-  capalloc::testing::write_cookie(p, 256, kCookie);
-  CookieReader reader;
-  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
-  reader.started.get_future().wait();
-
-  REQUIRE_OK(alloc->record_stream(p, b));
-  REQUIRE_OK(alloc->deallocate(p));
-  CHECK(alloc->block_info(p)->state == BlockState::kPendingFree);
-  CHECK(alloc->stats(0)->pending_free_blocks == 1);
-
-  // While the reader runs, same-size requests on the owning stream get other
-  // memory, and scribbling over it does not reach the reader's block.
-  std::vector<void*> others;
-  for (int i = 0; i < 8; ++i) {
-    void* q = *alloc->allocate(kBlock, 0, a);
-    CHECK(q != p);
-    std::memset(q, 0x5A, kBlock);
-    others.push_back(q);
-  }
-  reader.stop.store(true);
-  REQUIRE_OK(rt->synchronize_stream(b));
-  CHECK(reader.finished.load());
-  CHECK(reader.damaged_reads.load() == 0);
-
-  // Once B has passed the event, the block is free again and is reused.
-  for (void* q : others) REQUIRE_OK(alloc->deallocate(q));
-  void* again = *alloc->allocate(kBlock, 0, a);
-  CHECK(alloc->stats(0)->pending_free_blocks == 0);
-  CHECK(alloc->block_info(p)->state != BlockState::kPendingFree);
-  REQUIRE_OK(alloc->deallocate(again));
-  REQUIRE_OK(alloc->CheckInvariants());
+  check_free_waits_for_reader(*alloc, *rt, a, b);
   REQUIRE_OK(rt->destroy_stream(a));
   REQUIRE_OK(rt->destroy_stream(b));
 }
@@ -102,28 +108,7 @@ TEST_CASE("record_stream on another device's stream holds the free until that st
   CHECK(*rt->stream_device(a) == 0);
   CHECK(*rt->stream_device(b) == 1);
 
-  void* p = *alloc->allocate(kBlock, 0, a);
-  capalloc::testing::write_cookie(p, 256, kCookie);
-  CookieReader reader;
-  REQUIRE_OK(rt->launch_kernel(b, reader.kernel(p)));
-  reader.started.get_future().wait();
-  REQUIRE_OK(alloc->record_stream(p, b));
-  REQUIRE_OK(alloc->deallocate(p));
-  CHECK(alloc->block_info(p)->state == BlockState::kPendingFree);
-  for (int i = 0; i < 4; ++i) {
-    void* q = *alloc->allocate(kBlock, 0, a);
-    CHECK(q != p);
-    std::memset(q, 0x5A, kBlock);
-    REQUIRE_OK(alloc->deallocate(q));
-  }
-  reader.stop.store(true);
-  REQUIRE_OK(rt->synchronize_stream(b));
-  CHECK(reader.damaged_reads.load() == 0);
-  void* again = *alloc->allocate(kBlock, 0, a);  // processes the completed free
-  CHECK(alloc->stats(0)->pending_free_blocks == 0);
-  CHECK(alloc->block_info(p)->state != BlockState::kPendingFree);
-  REQUIRE_OK(alloc->deallocate(again));
-  REQUIRE_OK(alloc->CheckInvariants());
+  check_free_waits_for_reader(*alloc, *rt, a, b);
   REQUIRE_OK(rt->destroy_stream(a));
   REQUIRE_OK(rt->destroy_stream(b));
 }

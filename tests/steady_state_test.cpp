@@ -97,6 +97,26 @@ void check_counted_replay(Replay& replay) {
   CHECK(log_lines == 0);
 }
 
+// One pass of `trace` through the C++ API on `streams`, filling and
+// emptying `slots`; returns the calls that failed. Failures are counted, not
+// asserted, inside the loop: an assertion could allocate.
+int replay_churn(capalloc::Allocator& alloc, const std::vector<ChurnOp>& trace,
+                 const std::vector<capalloc::StreamHandle>& streams, std::vector<void*>& slots) {
+  int failures = 0;
+  for (const ChurnOp& op : trace) {
+    void*& p = slots[op.slot];
+    if (p != nullptr) {
+      failures += alloc.deallocate(p).ok() ? 0 : 1;
+      p = nullptr;
+    } else {
+      auto got = alloc.allocate(op.size, 0, streams[op.stream]);
+      failures += got.ok() ? 0 : 1;
+      p = got.ok() ? *got : nullptr;
+    }
+  }
+  return failures;
+}
+
 }  // namespace
 
 // Where allocations are counted (replaced_operator_new.hpp).
@@ -126,27 +146,10 @@ TEST_CASE("issue 12: steady-state allocate/free through the C++ API allocates no
   REQUIRE(tracker.ok());
   auto side = rt->create_stream(0);
   REQUIRE(side.ok());
-  const StreamHandle streams[2] = {kDefaultStream, *side};
+  const std::vector<StreamHandle> streams = {kDefaultStream, *side};
   const auto trace = churn_trace(20000, 2);
   std::vector<void*> slots(256, nullptr);
-  std::vector<int> slot_stream(256, 0);
-  // Failures are counted, not asserted, inside the loop: an assertion could
-  // allocate.
-  auto replay = [&] {
-    int failures = 0;
-    for (const ChurnOp& op : trace) {
-      void*& p = slots[op.slot];
-      if (p != nullptr) {
-        failures += alloc->deallocate(p).ok() ? 0 : 1;
-        p = nullptr;
-      } else {
-        auto got = alloc->allocate(op.size, 0, streams[op.stream]);
-        failures += got.ok() ? 0 : 1;
-        p = got.ok() ? *got : nullptr;
-      }
-    }
-    return failures;
-  };
+  auto replay = [&] { return replay_churn(*alloc, trace, streams, slots); };
   REQUIRE(replay() == 0);  // warm-up: arena, pointer table, indexes, segments
   check_counted_replay(replay);
   for (void* p : slots) {
@@ -171,21 +174,7 @@ TEST_CASE("issue 12: the steady state takes any known stream, not only the last 
   }
   const auto trace = churn_trace(20000, 4);
   std::vector<void*> slots(256, nullptr);
-  auto replay = [&] {
-    int failures = 0;
-    for (const ChurnOp& op : trace) {
-      void*& p = slots[op.slot];
-      if (p != nullptr) {
-        failures += alloc->deallocate(p).ok() ? 0 : 1;
-        p = nullptr;
-      } else {
-        auto got = alloc->allocate(op.size, 0, streams[op.stream]);
-        failures += got.ok() ? 0 : 1;
-        p = got.ok() ? *got : nullptr;
-      }
-    }
-    return failures;
-  };
+  auto replay = [&] { return replay_churn(*alloc, trace, streams, slots); };
   REQUIRE(replay() == 0);
   check_counted_replay(replay);
   for (void*& p : slots) {
