@@ -134,7 +134,7 @@ absl::StatusOr<CaptureId> HostRuntime::begin_capture(StreamHandle stream, Captur
     captures_.emplace(capture->id, capture);
     (*st)->capture = capture;
     publish(*capture);
-    active_captures_[(*st)->device].fetch_add(1, std::memory_order_release);
+    count_capture_device(*capture, (*st)->device);
     return capture->id;
   });
 }
@@ -164,7 +164,9 @@ absl::StatusOr<GraphHandle> HostRuntime::end_capture(StreamHandle stream) {
       }
     }
     captures_.erase(capture->id);
-    active_captures_[(*st)->device].fetch_sub(1, std::memory_order_release);
+    for (int device : capture->devices) {
+      active_captures_[device].fetch_sub(1, std::memory_order_release);
+    }
 
     if (capture->status != CaptureStatus::kActive) {
       return absl::FailedPreconditionError(
@@ -222,6 +224,15 @@ absl::Status HostRuntime::watch_capture_graph(StreamHandle stream, std::function
     capture->keep_alive.tokens.push_back(std::make_shared<LifetimeToken>(std::move(on_gone)));
   }
   return absl::OkStatus();
+}
+
+void HostRuntime::count_capture_device(CaptureState& capture, int device) {
+  if (std::find(capture.devices.begin(), capture.devices.end(), device) !=
+      capture.devices.end()) {
+    return;
+  }
+  capture.devices.push_back(device);
+  active_captures_[device].fetch_add(1, std::memory_order_release);
 }
 
 bool HostRuntime::any_capture_active(int device) const {

@@ -186,6 +186,7 @@ absl::Status HostRuntime::stream_wait_event(StreamHandle stream, EventHandle eve
           .depends_on = (*ev)->capture_point, .dependencies = (*ev)->capture_dependencies};
       (*st)->capture = event_capture;
       publish(*event_capture);
+      count_capture_device(*event_capture, (*st)->device);
       return absl::OkStatus();
     }
 

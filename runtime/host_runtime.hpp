@@ -126,6 +126,11 @@ struct CaptureState {
   GraphNodes nodes;  // capture order; position of a node = its index, with its edges
   GraphKeepAlive keep_alive;  // handed to the graph, or released if none is made
   absl::flat_hash_map<StreamHandle, CaptureMember> members;  // origin included
+  // The devices of its member streams, each counted once in
+  // HostRuntime::active_captures_ until the capture ends: a stream of
+  // another device that joins the capture (CUDA captures may span devices)
+  // makes any_capture_active true for its device too.
+  std::vector<int> devices;
 };
 
 struct EventState {
@@ -236,6 +241,9 @@ class HostRuntime final : public DeviceRuntime {
   // capture_info for a stream not published in `published_`; takes mu_
   // itself.
   [[gnu::noinline]] absl::StatusOr<CaptureInfo> capture_info_locked(StreamHandle stream);
+  // Counts `device` in active_captures_ for `capture`, once (its first member
+  // stream there). Requires mu_.
+  void count_capture_device(CaptureState& capture, int device);
   // Publishes what capture_info now answers for every member stream of the
   // capture (its status and next position): after any change to either,
   // and after a stream joins it.
