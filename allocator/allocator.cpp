@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
-#include <tuple>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -243,18 +242,7 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
       request.tag.empty() && request.owner.empty()) {
     if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
-  {
-    // A refusal leaves the last streams checked as they were (the stream
-    // itself stays known: it is a live stream, only not this device's).
-    const auto recent = std::make_tuple(m.last_known_stream, m.last_known_device,
-                                        m.previous_known_stream, m.previous_known_device);
-    if (absl::Status s = m.check_stream(stream, "allocate"); !s.ok()) return s;
-    if (absl::Status s = m.check_stream_device(stream, device, "allocate"); !s.ok()) {
-      std::tie(m.last_known_stream, m.last_known_device, m.previous_known_stream,
-               m.previous_known_device) = recent;
-      return s;
-    }
-  }
+  if (absl::Status s = m.check_stream(stream, "allocate", device); !s.ok()) return s;
   if (request.lifetime == Lifetime::kPersistent) {
     if (absl::Status s = m.refuse_persistent(device, stream, bytes, request.tag, ctx); !s.ok()) {
       return s;

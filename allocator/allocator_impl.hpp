@@ -187,9 +187,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
     auto it = known_streams.find(stream);
     return it == known_streams.end() ? kAnyDevice : it->second;
   }
-  // OK when an allocation for `device` may use `stream` (checked already by
-  // check_stream): the default stream, or a stream of that device, or of a
-  // device the runtime cannot tell. Else kInvalidArgument: such a block's
+  // OK when an allocation for `device` may use `stream` (a known stream, or
+  // the default one): the default stream, or a stream of that device, or of
+  // a device the runtime cannot tell. Else kInvalidArgument: such a block's
   // segment would be owned by a stream that cannot order its reuse, and the
   // event of a later free could not be recorded on it.
   absl::Status check_stream_device(StreamHandle stream, int device, std::string_view call) const;
@@ -264,16 +264,22 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // found), or BlockTable::kNoSlot to look it up again.
   absl::Status free_block(detail::Block* block, std::size_t slot);
   // OK when `stream` is a stream of the runtime (checked the first time, then
-  // remembered); else kInvalidArgument naming `call`. Requires mu. Inline:
-  // the default stream and the last stream used cost a comparison or two.
-  absl::Status check_stream(StreamHandle stream, std::string_view call) {
+  // remembered) and, for an allocation on `device` (not kAnyDevice), runs on
+  // that device (check_stream_device); else kInvalidArgument naming `call`,
+  // the last streams checked left as they were. Requires mu. Inline: the
+  // default stream and the last streams used cost a comparison or two.
+  absl::Status check_stream(StreamHandle stream, std::string_view call,
+                            int device = kAnyDevice) {
     if (stream == kDefaultStream) return absl::OkStatus();
     if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
-    if (stream == last_known_stream || stream == previous_known_stream) return absl::OkStatus();
-    return remember_stream(stream, call);
+    if (device == kAnyDevice ? stream == last_known_stream || stream == previous_known_stream
+                             : recent_stream_on(stream, device)) {
+      return absl::OkStatus();
+    }
+    return remember_stream(stream, call, device);
   }
-  // check_stream for a stream other than the last one used.
-  absl::Status remember_stream(StreamHandle stream, std::string_view call);
+  // check_stream past the last streams checked.
+  absl::Status remember_stream(StreamHandle stream, std::string_view call, int device);
   // The steady-state allocation's check of a stream that is not
   // recent_stream_on(stream, device): whether it is known and usable on
   // `device` (then it becomes the last one checked, as check_stream would

@@ -24,7 +24,8 @@ namespace capalloc {
 
 using detail::Block;
 
-absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_view call) {
+absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_view call,
+                                              int device) {
   if (!known_streams.contains(stream)) {
     if (auto info = runtime->capture_info(stream); !info.ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -34,8 +35,13 @@ absl::Status Allocator::Impl::remember_stream(StreamHandle stream, std::string_v
     }
     // Its device, asked once: any failure (a runtime that cannot tell)
     // leaves it unknown, and the stream usable on every device as before.
-    auto device = runtime->stream_device(stream);
-    known_streams.emplace(stream, device.ok() ? *device : kAnyDevice);
+    auto runs_on = runtime->stream_device(stream);
+    known_streams.emplace(stream, runs_on.ok() ? *runs_on : kAnyDevice);
+  }
+  // A stream of another device stays known (it is a live stream) but does
+  // not become one of the last checked.
+  if (device != kAnyDevice) {
+    if (absl::Status s = check_stream_device(stream, device, call); !s.ok()) return s;
   }
   note_recent(stream, known_streams.find(stream)->second);
   return absl::OkStatus();
