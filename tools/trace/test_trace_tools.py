@@ -14,6 +14,7 @@ import tempfile
 import unittest
 
 import gen_traces
+import segment_sim
 import torch_replay
 import torch_snapshot_to_trace as converter
 
@@ -290,6 +291,82 @@ class GeneratorTest(unittest.TestCase):
         self.assertEqual({c["pool"] for c in captures.values()}, {"decode_graphs"})
         self.assertEqual([gen_traces.batch_cycle(s) for s in (0, 1, 31, 32, 33, 63, 64)],
                          [1, 9, 249, 256, 248, 8, 1])
+
+
+class SegmentSimTest(unittest.TestCase):
+    """segment_sim.py's models on a trace small enough to place by hand."""
+
+    MIB = 1 << 20
+
+    def write_trace(self, lines):
+        f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+        self.addCleanup(os.unlink, f.name)
+        f.write(json.dumps({"format": "capalloc.trace/1", "devices": 1}) + "\n")
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+        f.close()
+        return f.name
+
+    def three_large_blocks(self):
+        # 3 MiB, 3 MiB, free the first, 5 MiB: 8 MiB requested at the peak.
+        m = self.MIB
+        return self.write_trace([
+            {"op": "alloc", "id": 1, "size": 3 * m, "stream": 0},
+            {"op": "alloc", "id": 2, "size": 3 * m, "stream": 0},
+            {"op": "free", "id": 1},
+            {"op": "alloc", "id": 3, "size": 5 * m, "stream": 0},
+            {"op": "free", "id": 2},
+            {"op": "free", "id": 3},
+        ])
+
+    def test_each_model_places_as_worked_out(self):
+        r = segment_sim.report(self.three_large_blocks())
+        self.assertEqual(r["peak_requested"], 8 * self.MIB)
+        # Fixed: 4 + 4 MiB segments; the 5 MiB request fits no free run (4 and
+        # 1 MiB) and reserves 6 MiB: 14 MiB.
+        self.assertEqual(r["fixed"], 14 / 8)
+        # Grow: [0, 4) then [0, 6) MiB; 5 MiB fits neither the free 3 MiB at 0
+        # nor the end, which grows to 12 MiB.
+        self.assertEqual(r["grow"], 12 / 8)
+        self.assertEqual(r["grow_pages_mapped"], 6)
+        # Release: before mapping pages 3 to 5, the free page 0 (bytes 0 to
+        # 2 MiB of the free 3 MiB) is given back: 5 pages stay mapped.
+        self.assertEqual(r["grow+release"], 10 / 8)
+        self.assertEqual(r["grow+release_passes"], 1)
+        # Pages mapped: 0 and 1, then 2, then 3 to 5 (page 0 is not needed again).
+        self.assertEqual(r["grow+release_pages_mapped"], 6)
+
+    def test_release_above_a_fraction(self):
+        # One free page against three mapped: not more than half of them.
+        r = segment_sim.report(self.three_large_blocks(), release_above=0.5)
+        self.assertEqual(r["grow+release"], 12 / 8)
+        self.assertEqual(r["grow+release_passes"], 0)
+
+    def test_small_requests_share_fixed_segments_per_stream(self):
+        path = self.write_trace([
+            {"op": "alloc", "id": 1, "size": 4096, "stream": 0},
+            {"op": "alloc", "id": 2, "size": 4096, "stream": 0},
+            {"op": "alloc", "id": 3, "size": 4096, "stream": 7},
+        ])
+        r = segment_sim.report(path)
+        # Two 2 MiB segments, one per stream, in every model.
+        for model in ("fixed", "grow", "grow+release"):
+            self.assertEqual(r[model], (4 * self.MIB) / (3 * 4096), model)
+
+    def test_command_line(self):
+        path = self.three_large_blocks()
+        out = subprocess.run([sys.executable, os.path.join(HERE, "segment_sim.py"), "--json", path],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertEqual(json.loads(out)["grow"], 12 / 8)
+        bad = subprocess.run([sys.executable, os.path.join(HERE, "segment_sim.py"),
+                              "--release-above", "1", path], capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("--release-above", bad.stderr)
+        empty = self.write_trace([])
+        none = subprocess.run([sys.executable, os.path.join(HERE, "segment_sim.py"), empty],
+                              capture_output=True, text=True)
+        self.assertNotEqual(none.returncode, 0)
+        self.assertIn("no allocation", none.stderr)
 
 
 if __name__ == "__main__":
