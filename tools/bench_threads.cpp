@@ -16,12 +16,15 @@
 // What it shows about capalloc's design: one lock guards an Allocator
 // (docs/design.md, "The lock"), so two threads on two streams take turns on
 // it; their streams' segments, free indexes and quick caches are apart, so
-// they do not contend for blocks, only for the lock.
+// they do not contend for blocks, only for the lock. `capalloc-apart` gives
+// each thread an Allocator of its own (over the one runtime): the most that
+// splitting the allocator's state by stream could give.
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -145,6 +148,29 @@ int main(int argc, char** argv) {
         },
         [&a](void* p) { a.deallocate(p).IgnoreError(); });
   }));
+  // Each thread with an Allocator of its own over the same runtime: nothing
+  // of the allocator shared, what per-stream shards with no shared line on
+  // the steady-state path could reach at best (docs/design.md "The lock").
+  // The runtime stays shared, as it would be.
+  std::vector<std::unique_ptr<capalloc::Allocator>> apart;
+  for (int t = 0; t < kMaxThreads; ++t) {
+    auto own = capalloc::Allocator::create(host->runtime);
+    if (!own.ok()) {
+      std::fprintf(stderr, "%s\n", own.status().ToString().c_str());
+      return 1;
+    }
+    apart.push_back(*std::move(own));
+  }
+  configure(benchmark::RegisterBenchmark("threads/churn/capalloc-apart", [&](benchmark::State& state) {
+    capalloc::Allocator& mine = *apart[static_cast<std::size_t>(state.thread_index())];
+    replay(
+        state, work[state.thread_index()],
+        [&mine](std::size_t n, capalloc::StreamHandle s) {
+          auto p = mine.allocate(n, 0, s);
+          return p.ok() ? *p : nullptr;
+        },
+        [&mine](void* p) { mine.deallocate(p).IgnoreError(); });
+  }));
   // One thread replaying both traces, an operation of each in turn, each on
   // its own stream: streams taking turns on one thread (a compute stream
   // and a copy stream), without a second core.
@@ -222,7 +248,8 @@ int main(int argc, char** argv) {
 
   std::printf("\n%-16s %16s %16s %10s\n", "allocator", "1 thread Mops/s", "2 threads Mops/s",
               "scaling");
-  for (const char* name : {"capalloc", "malloc", "malloc+counter", "malloc+lock"}) {
+  for (const char* name :
+       {"capalloc", "capalloc-apart", "malloc", "malloc+counter", "malloc+lock"}) {
     const std::string full = std::string("threads/churn/") + name;
     std::map<int, double> best;  // threads -> best total items per second
     for (const auto& run : collector.runs(full)) {
