@@ -81,6 +81,9 @@ struct Segment {
   Pool* pool = nullptr;
   FreeIndex* index = nullptr;  // the free index of (pool, stream, size class)
   Block* first = nullptr;
+  // Its stream was destroyed: once fully free, the next stream of the pool
+  // that needs a segment of its class adopts it (Pool::take_from_orphan).
+  bool orphaned = false;
 
   bool fully_free() const { return first != nullptr && first->next == nullptr && first->is_free(); }
 };

@@ -177,14 +177,10 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
       return absl::OkStatus();
     }
     pool.give_back(block);
-    // The last block of a destroyed stream's segment: nothing can reuse it.
-    // (Not for pending frees that complete later, in process_pending: a
-    // release there would synchronize the device inside an allocation.
-    // Such a segment goes at the next empty_cache or out-of-memory retry.)
-    if (segment->fully_free() && segment->stream != kDefaultStream &&
-        !known_streams.contains(segment->stream) && events_allowed(device)) {
-      release_segments(device, pool, segment->stream).IgnoreError();
-    }
+    // The last block of a destroyed stream's segment leaves it fully free:
+    // an orphan the next stream that needs a segment adopts, or that
+    // empty_cache or an out-of-memory retry gives back (a release here
+    // would synchronize the device inside a free).
     maybe_destroy_pool(&pool);
     return absl::OkStatus();
   }

@@ -245,12 +245,48 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     bump(stats_.segments, -1);
     out.push_back({reinterpret_cast<void*>(segment.base), segment.size, segment.stream,
                    segment.size_class});
+    if (segment.orphaned) std::erase(orphans_, &segment);
     it->reset();
   }
   if (keep != segments_.end()) {
     segments_.erase(keep, segments_.end());
     drop_unused_indexes();
   }
+}
+
+void Pool::orphan_stream(StreamHandle stream) {
+  for (auto& [key, index] : indexes_) {
+    if (key.stream == stream) drain_quick(*index);
+  }
+  for (const auto& segment : segments_) {
+    if (segment->stream != stream || segment->orphaned) continue;
+    orphans_.reserve(orphans_.size() + 1);  // may throw: then not orphaned
+    segment->orphaned = true;
+    orphans_.push_back(segment.get());
+  }
+}
+
+Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
+                              std::size_t rounded, std::size_t requested) {
+  const SizeClass size_class = policy_.class_of(rounded);
+  for (auto it = orphans_.begin(); it != orphans_.end(); ++it) {
+    Segment& segment = **it;
+    if (segment.size_class != size_class || segment.size < segment_bytes ||
+        !segment.fully_free()) {
+      continue;
+    }
+    FreeIndex* index = make_index(stream, size_class);  // may throw: nothing moved yet
+    Block* block = segment.first;
+    index_for(segment).remove(block);
+    segment.stream = stream;
+    segment.index = index;
+    segment.orphaned = false;
+    orphans_.erase(it);
+    index->insert(block);
+    drop_unused_indexes();  // the orphan's old index, if it filed nothing else
+    return take_indexed_from(*index, rounded, requested);
+  }
+  return nullptr;
 }
 
 void Pool::drop_unused_indexes() {
@@ -344,6 +380,14 @@ absl::Status Pool::check_invariants() const {
   if (stats_.pending_free_blocks != pending)
     return mismatch("pending_free_blocks", stats_.pending_free_blocks, pending);
   if (free_bytes_ != free_bytes) return mismatch("cached free bytes", free_bytes_, free_bytes);
+  std::int64_t orphaned = 0;
+  for (const auto& segment : segments_) orphaned += segment->orphaned ? 1 : 0;
+  if (orphaned != static_cast<std::int64_t>(orphans_.size()) ||
+      !std::all_of(orphans_.begin(), orphans_.end(),
+                   [](const Segment* s) { return s->orphaned; })) {
+    return absl::InternalError(absl::StrFormat(
+        "%d segments are marked orphaned, the orphan list holds %d", orphaned, orphans_.size()));
+  }
   return absl::OkStatus();
 }
 

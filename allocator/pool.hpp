@@ -223,6 +223,19 @@ class Pool {
   // An allocated block becomes pending-free (out of the allocated counters).
   void mark_pending(Block* block);
 
+  // `stream` was destroyed: its segments become orphans (their quick caches
+  // merged first, so that each is fully free once its last block is). They
+  // stay reserved; nothing is released here, which would synchronize the
+  // device inside an allocator call.
+  void orphan_stream(StreamHandle stream);
+  // A fully free orphan of the request's size class and of at least
+  // `segment_bytes`, moved to `stream`, serves the request as a new segment
+  // would, without a reservation; nullptr when there is none. Its stream's
+  // work is done (a destroyed stream's is), so any stream may use it.
+  Block* take_from_orphan(StreamHandle stream, std::size_t segment_bytes, std::size_t rounded,
+                          std::size_t requested);
+  std::size_t orphans() const { return orphans_.size(); }
+
   // Removes the fully free segments (of `only_stream` and `only_class`,
   // when given) for which `keep` is false and appends their ranges to
   // `out`, for the caller to release; the quick caches of those segments'
@@ -312,6 +325,8 @@ class Pool {
   mutable FreeIndex* last_index_ = nullptr;
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
+  // Segments whose stream is gone (Segment::orphaned), in no order.
+  std::vector<Segment*> orphans_;
 };
 
 

@@ -57,6 +57,11 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
         detail::bytes(now.allocated_bytes.current),
         detail::bytes(now.reserved_bytes.current - now.allocated_bytes.current)));
   };
+  // A destroyed stream's fully free segment of this class serves first: no
+  // reservation, and no release of it later.
+  if (Block* adopted = pool.take_from_orphan(stream, segment_bytes, rounded, requested)) {
+    return adopted;
+  }
   if (auto info = runtime->memory_info(device); info.ok() && rounded > info->total_bytes) {
     return out_of_memory(
         absl::StrCat("the device has only ", detail::bytes(info->total_bytes), " in all"));

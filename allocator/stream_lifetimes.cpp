@@ -105,13 +105,17 @@ void Allocator::Impl::apply_gone_streams() {
   }
   deferred.erase(keep, deferred.end());
   for (int d = 0; d < static_cast<int>(devices.size()); ++d) {
+    // The default pool keeps the streams' segments for other streams to
+    // adopt (Pool::take_from_orphan) until empty_cache or an out-of-memory
+    // retry gives them back: releasing them here would synchronize the
+    // device inside whatever allocator call applies the report.
+    for (StreamHandle stream : streams) devices[d].default_pool->orphan_stream(stream);
     if (!events_allowed(d)) continue;  // a capture is routed: no release now
     std::vector<detail::Pool*> unreferenced;
     for (auto& [handle, pool] : devices[d].graph_pools) {
       if (!pool->referenced()) unreferenced.push_back(pool.get());
     }
     for (StreamHandle stream : streams) {
-      release_segments(d, *devices[d].default_pool, stream).IgnoreError();
       for (detail::Pool* pool : unreferenced) release_segments(d, *pool, stream).IgnoreError();
     }
     // A pool kept only for its segments goes with the last of them.

@@ -194,7 +194,7 @@ TEST_CASE("issue 11: record_stream on a stream destroyed before the free lets th
   REQUIRE_OK(s.alloc->CheckInvariants());
 }
 
-TEST_CASE("issue 11: a freed block whose only stream is destroyed goes back with its segment",
+TEST_CASE("issue 11: a destroyed stream's free segment serves another stream, then empty_cache returns it",
           "[reliability][streams]") {
   Scene s;
   auto q = s.alloc->allocate(1000);  // a small segment on the default stream
@@ -203,13 +203,75 @@ TEST_CASE("issue 11: a freed block whose only stream is destroyed goes back with
   auto p = s.alloc->allocate(4 << 20, 0, s.side);  // a large segment of the side stream
   REQUIRE_OK(p);
   REQUIRE_OK(s.alloc->deallocate(*p));
-  CHECK(s.reserved() > small_segment);
+  const std::int64_t both = s.reserved();
+  CHECK(both > small_segment);
   REQUIRE_OK(s.rt->destroy_stream(s.side));
-  // The next call sees the stream gone: its cache can never be reused, so
-  // its segment goes back without an empty_cache.
+  // The next call sees the stream gone. Its segment stays reserved: giving
+  // it back there would synchronize the device inside a free.
   REQUIRE_OK(s.alloc->deallocate(*q));
-  CHECK(s.reserved() == small_segment);
+  CHECK(s.reserved() == both);
   REQUIRE_OK(s.alloc->CheckInvariants());
+  // Another stream that needs a segment of that class adopts it: the same
+  // memory, no reservation.
+  const StreamHandle other = *s.rt->create_stream(0);
+  auto again = s.alloc->allocate(4 << 20, 0, other);
+  REQUIRE_OK(again);
+  CHECK(*again == *p);
+  CHECK(s.alloc->block_info(*again)->stream == other);
+  CHECK(s.reserved() == both);
+  CHECK(s.alloc->stats(0)->reserved_bytes.peak == both);
+  REQUIRE_OK(s.alloc->CheckInvariants());
+  REQUIRE_OK(s.alloc->deallocate(*again));
+  REQUIRE_OK(s.rt->destroy_stream(other));
+  // empty_cache gives back every free segment, a dead stream's too.
+  REQUIRE_OK(s.alloc->empty_cache());
+  CHECK(s.reserved() == 0);
+  REQUIRE_OK(s.alloc->CheckInvariants());
+}
+
+TEST_CASE("a destroyed stream's segment whose last block is freed later is kept, not released",
+          "[reliability][streams]") {
+  Scene s;
+  auto held = s.alloc->allocate(4096, 0, s.side);  // outlives its stream
+  REQUIRE_OK(held);
+  const std::int64_t reserved = s.reserved();
+  REQUIRE_OK(s.rt->destroy_stream(s.side));
+  REQUIRE_OK(s.alloc->deallocate(*held));  // the segment's last block
+  CHECK(s.reserved() == reserved);
+  REQUIRE_OK(s.alloc->CheckInvariants());
+  // The default stream has no segment yet: it adopts the orphan.
+  auto p = s.alloc->allocate(4096);
+  REQUIRE_OK(p);
+  CHECK(*p == *held);
+  CHECK(s.reserved() == reserved);
+  REQUIRE_OK(s.alloc->deallocate(*p));
+  REQUIRE_OK(s.alloc->CheckInvariants());
+}
+
+TEST_CASE("an out-of-memory retry gives back a destroyed stream's segments of another class",
+          "[reliability][streams]") {
+  Scene s(std::size_t{8} << 20);
+  // Three small segments (2 MiB each) on the side stream, all free once
+  // the stream is gone: none serves an oversize request.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) {
+    auto b = s.alloc->allocate(900 << 10, 0, s.side);
+    REQUIRE_OK(b);
+    blocks.push_back(*b);
+    auto fill = s.alloc->allocate(900 << 10, 0, s.side);
+    REQUIRE_OK(fill);
+    blocks.push_back(*fill);
+  }
+  REQUIRE(s.reserved() == std::int64_t{6} << 20);
+  for (void* b : blocks) REQUIRE_OK(s.alloc->deallocate(b));
+  REQUIRE_OK(s.rt->destroy_stream(s.side));
+  // 4 MiB: the runtime has 2 MiB left, so the retry gives the orphans back.
+  auto big = s.alloc->allocate(4 << 20);
+  REQUIRE_OK(big);
+  CHECK(s.reserved() == std::int64_t{4} << 20);
+  CHECK(s.alloc->stats(0)->retries == 1);
+  REQUIRE_OK(s.alloc->CheckInvariants());
+  REQUIRE_OK(s.alloc->deallocate(*big));
 }
 
 TEST_CASE("issue 11: create stream, allocate, free, destroy stream returns all host memory",

@@ -251,7 +251,10 @@ class CAPALLOC_API Allocator {
   // waited for. Giving memory back waits for the device where the runtime's
   // release does: cudaFree and hipFree wait for all work on the device, and
   // the host runtime models that, so empty_cache takes as long as the
-  // device's queued work (PyTorch's empty_cache does the same).
+  // device's queued work (PyTorch's empty_cache does the same). The segments
+  // of a destroyed stream are kept for other streams to reuse until this
+  // call or an out-of-memory retry gives them back; no other call releases
+  // them, since releasing waits for the device.
   absl::Status empty_cache(int device = kAnyDevice);
 
   // --- Graph pools and capture routing ---------------------------------------
