@@ -255,38 +255,66 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
 }
 
 void Pool::orphan_stream(StreamHandle stream) {
+  // Room first, so that nothing below throws once a segment has moved.
+  orphans_.reserve(orphans_.size() + segments_.size());
   for (auto& [key, index] : indexes_) {
     if (key.stream == stream) drain_quick(*index);
   }
   for (const auto& segment : segments_) {
     if (segment->stream != stream || segment->orphaned) continue;
-    orphans_.reserve(orphans_.size() + 1);  // may throw: then not orphaned
+    // May throw: then this segment and the later ones stay the stream's.
+    FreeIndex* home = make_index(kOrphanKey, segment->size_class);
+    for (Block* b = segment->first; b != nullptr; b = b->next) {
+      if (!b->in_free_index) continue;
+      segment->index->remove(b);
+      home->insert(b);
+    }
+    segment->index = home;
     segment->orphaned = true;
     orphans_.push_back(segment.get());
   }
+  drop_unused_indexes();  // the stream's own, now empty
 }
 
 Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
                               std::size_t rounded, std::size_t requested) {
+  if (orphans_.empty()) return nullptr;
   const SizeClass size_class = policy_.class_of(rounded);
-  for (auto it = orphans_.begin(); it != orphans_.end(); ++it) {
-    Segment& segment = **it;
-    if (segment.size_class != size_class || segment.size < segment_bytes ||
-        !segment.fully_free()) {
+  // The smallest fully free orphan of the class that holds what a new
+  // segment would. An oversize one at most 1/8 larger than that: a larger
+  // one waits for a request of its size, or for the out-of-memory retry to
+  // give it back, rather than be pinned by a small request.
+  Segment* best = nullptr;
+  for (Segment* segment : orphans_) {
+    if (segment->size_class != size_class || segment->size < segment_bytes ||
+        (size_class == SizeClass::kOversize && segment->size > segment_bytes + segment_bytes / 8) ||
+        !segment->fully_free() || (best != nullptr && segment->size >= best->size)) {
       continue;
     }
-    FreeIndex* index = make_index(stream, size_class);  // may throw: nothing moved yet
-    Block* block = segment.first;
-    index_for(segment).remove(block);
-    segment.stream = stream;
-    segment.index = index;
-    segment.orphaned = false;
-    orphans_.erase(it);
-    index->insert(block);
-    drop_unused_indexes();  // the orphan's old index, if it filed nothing else
-    return take_indexed_from(*index, rounded, requested);
+    best = segment;
   }
-  return nullptr;
+  if (best == nullptr) return nullptr;
+  FreeIndex* index = make_index(stream, size_class);  // may throw: nothing moved yet
+  Block* block = best->first;
+  index_for(*best).remove(block);
+  best->stream = stream;
+  best->index = index;
+  best->orphaned = false;
+  std::erase(orphans_, best);
+  index->insert(block);
+  drop_unused_indexes();  // the orphans' index, if it files nothing else
+  return take_indexed_from(*index, rounded, requested);
+}
+
+Pool::OrphanedBytes Pool::orphaned_bytes() const {
+  OrphanedBytes out;
+  for (const Segment* segment : orphans_) {
+    out.reserved += static_cast<std::int64_t>(segment->size);
+    for (const Block* b = segment->first; b != nullptr; b = b->next) {
+      if (b->is_free()) out.free += static_cast<std::int64_t>(b->size);
+    }
+  }
+  return out;
 }
 
 void Pool::drop_unused_indexes() {
@@ -326,7 +354,13 @@ absl::Status Pool::check_invariants() const {
               absl::StrFormat("free blocks 0x%x and 0x%x are adjacent and unmerged", prev->addr,
                               b->addr));
         }
-        FreeIndex* index = find_index(segment->stream, segment->size_class);
+        FreeIndex* index =
+            find_index(segment->orphaned ? kOrphanKey : segment->stream, segment->size_class);
+        if (index != segment->index) {
+          return absl::InternalError(absl::StrFormat(
+              "segment 0x%x files its free blocks in another index than its stream's%s",
+              segment->base, segment->orphaned ? " (orphans')" : ""));
+        }
         const bool filed = index != nullptr && (b->in_quick_cache
                                                     ? !b->in_free_index && index->quick.contains(b)
                                                     : b->in_free_index && index->contains(b));

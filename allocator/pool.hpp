@@ -188,7 +188,7 @@ class Pool {
     const std::size_t cap = std::max(kMinQuickCacheBytes,
                                      static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
     return quick.caches(block.size) && quick.bytes() + block.size <= cap &&
-           (!free_memory_scarce() || !next_to_free(block));
+           (!free_memory_scarce() || !next_to_free(block)) && !block.segment->orphaned;
   }
   // A hole beside free memory keeps that free run short: requests the
   // cache misses then carve fresh runs that the merged one could have
@@ -226,8 +226,12 @@ class Pool {
   // `stream` was destroyed: its segments become orphans (their quick caches
   // merged first, so that each is fully free once its last block is). They
   // stay reserved; nothing is released here, which would synchronize the
-  // device inside an allocator call.
+  // device inside an allocator call. Their free blocks move to the orphans'
+  // free indexes (kOrphanKey), which no stream allocates from: CUDA and HIP
+  // hand a destroyed stream's handle to the next stream created, and that
+  // stream must not take memory another stream may adopt meanwhile.
   void orphan_stream(StreamHandle stream);
+  static constexpr StreamHandle kOrphanKey = ~StreamHandle{0};
   // A fully free orphan of the request's size class and of at least
   // `segment_bytes`, moved to `stream`, serves the request as a new segment
   // would, without a reservation; nullptr when there is none. Its stream's
@@ -235,6 +239,12 @@ class Pool {
   Block* take_from_orphan(StreamHandle stream, std::size_t segment_bytes, std::size_t rounded,
                           std::size_t requested);
   std::size_t orphans() const { return orphans_.size(); }
+  // What the orphans hold: reserved bytes, and the free bytes among them.
+  struct OrphanedBytes {
+    std::int64_t reserved = 0;
+    std::int64_t free = 0;
+  };
+  OrphanedBytes orphaned_bytes() const;
 
   // Removes the fully free segments (of `only_stream` and `only_class`,
   // when given) for which `keep` is false and appends their ranges to

@@ -74,12 +74,18 @@ absl::StatusOr<Block*> Allocator::Impl::take_new_segment(Pool& pool, int device,
   // of memory; below the share they stay cached, so that sizes that come
   // back (a training step's) find them. Not while a capture is under way:
   // releasing memory then is illegal.
+  // Destroyed streams' segments (orphans) count on neither side: the rule
+  // cannot release them (they are no stream's), and counted they would
+  // make it release the requesting stream's own segments, again and again.
   constexpr std::int64_t kCachedShare = 10;
-  if (policy.class_of(rounded) == detail::SizeClass::kOversize &&
-      pool.cached_free_bytes() * kCachedShare >
-          stats.reserved_bytes.current + static_cast<std::int64_t>(segment_bytes) &&
-      events_allowed(device) && !runtime_capturing(device, stream)) {
-    release_segments(device, pool, stream, detail::SizeClass::kOversize).IgnoreError();
+  if (policy.class_of(rounded) == detail::SizeClass::kOversize) {
+    const Pool::OrphanedBytes orphaned = pool.orphaned_bytes();
+    if ((pool.cached_free_bytes() - orphaned.free) * kCachedShare >
+            stats.reserved_bytes.current - orphaned.reserved +
+                static_cast<std::int64_t>(segment_bytes) &&
+        events_allowed(device) && !runtime_capturing(device, stream)) {
+      release_segments(device, pool, stream, detail::SizeClass::kOversize).IgnoreError();
+    }
   }
   auto base = reserve_relaxed(device, segment_bytes);
   if (!base.ok() && absl::IsResourceExhausted(base.status())) {

@@ -1,0 +1,399 @@
+// A destroyed stream's segments (docs/design.md "Stream lifetimes"): kept
+// as orphans in indexes no stream allocates from, adopted by the next
+// stream that needs a segment of their class and size (best fit, an
+// oversize one at most 1/8 larger), given back by empty_cache and the
+// out-of-memory retry, never released inside an allocation or a free. Cases
+// from an adversarial review of the first version (2026-12-07), which let a
+// new stream given the dead one's handle keep allocating from the orphans,
+// let a small request pin a huge orphan, and counted orphans in the
+// oversize cached-share rule.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "capalloc/allocator.hpp"
+#include "capalloc/capture.hpp"
+#include "test_support.hpp"
+
+using namespace capalloc;
+using capalloc::testing::host_runtime;
+using capalloc::testing::make_allocator;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
+                       std::chrono::milliseconds delay = std::chrono::milliseconds(200)) {
+  KernelLaunch k;
+  k.name = "slow_fill";
+  k.writes = {MemorySpan{p, bytes}};
+  k.host_body = [p, bytes, value, delay] {
+    std::this_thread::sleep_for(delay);
+    std::memset(p, value, bytes);
+  };
+  return k;
+}
+bool overlaps(void* a, std::size_t an, void* b, std::size_t bn) {
+  auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+}  // namespace
+
+TEST_CASE("orphans: a small oversize request leaves a huge orphan for the out-of-memory retry",
+          "[orphan]") {
+  auto rt = host_runtime((std::size_t{1} << 30) + 64 * MiB);
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0), z = *rt->create_stream(0), w = *rt->create_stream(0);
+  auto big = alloc->allocate(std::size_t{1} << 30, 0, x);
+  REQUIRE_OK(big);
+  REQUIRE_OK(alloc->deallocate(*big));
+  REQUIRE_OK(rt->destroy_stream(x));
+  auto small = alloc->allocate(3 * MiB, 0, z);  // oversize class (> 2 MiB)
+  REQUIRE_OK(small);
+  // A 4 MiB segment of its own: the 1 GiB orphan stays whole.
+  CHECK(alloc->block_info(*small)->size == 3 * MiB);
+  CHECK(alloc->stats(0)->reserved_bytes.current == std::int64_t{(1 << 30) + (4 << 20)});
+  REQUIRE_OK(alloc->CheckInvariants());
+  // Another stream's 512 MiB: the device has 1 GiB + 64 MiB, so the
+  // out-of-memory retry gives the orphan back and the request fits.
+  auto mid = alloc->allocate(512 * MiB, 0, w);
+  CHECK_OK(mid);
+  CHECK(alloc->stats(0)->retries == 1);
+  REQUIRE_OK(alloc->empty_cache());
+  INFO("reserved after empty_cache: " << alloc->stats(0)->reserved_bytes.current);
+  CHECK(alloc->stats(0)->reserved_bytes.current <= std::int64_t{600} << 20);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: the same requests with the first stream alive", "[orphan]") {
+  auto rt = host_runtime((std::size_t{1} << 30) + 64 * MiB);
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0), z = *rt->create_stream(0), w = *rt->create_stream(0);
+  auto big = alloc->allocate(std::size_t{1} << 30, 0, x);
+  REQUIRE_OK(big);
+  REQUIRE_OK(alloc->deallocate(*big));
+  auto small = alloc->allocate(3 * MiB, 0, z);
+  REQUIRE_OK(small);
+  auto mid = alloc->allocate(512 * MiB, 0, w);
+  CHECK_OK(mid);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: the smallest orphan that fits is adopted", "[orphan]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0), y = *rt->create_stream(0), z = *rt->create_stream(0);
+  auto huge = alloc->allocate(256 * MiB, 0, x);
+  auto fit = alloc->allocate(4 * MiB, 0, y);
+  REQUIRE_OK(huge);
+  REQUIRE_OK(fit);
+  REQUIRE_OK(alloc->deallocate(*huge));
+  REQUIRE_OK(alloc->deallocate(*fit));
+  REQUIRE_OK(rt->destroy_stream(x));
+  REQUIRE_OK(rt->destroy_stream(y));
+  auto p = alloc->allocate(4 * MiB, 0, z);
+  REQUIRE_OK(p);
+  CHECK(*p == *fit);  // the 4 MiB orphan, not a 4 MiB piece of the 256 MiB one
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: a pending free on a live stream holds its orphan until the event", "[orphan]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0), b = *rt->create_stream(0), z = *rt->create_stream(0);
+  for (std::size_t bytes : {std::size_t{4096}, 1536 * 1024ul, 4 * MiB}) {
+    auto p = alloc->allocate(bytes, 0, x);
+    REQUIRE_OK(p);
+    REQUIRE_OK(alloc->record_stream(*p, b));
+    auto flag = std::make_shared<std::atomic<bool>>(false);
+    KernelLaunch k = slow_fill(*p, bytes, 7);
+    auto body = k.host_body;
+    k.host_body = [body, flag] { body(); flag->store(true); };
+    REQUIRE_OK(rt->launch_kernel(b, k));
+    const bool free_after = bytes == 4096;
+    if (!free_after) REQUIRE_OK(alloc->deallocate(*p));
+    REQUIRE_OK(rt->destroy_stream(x));
+    if (free_after) REQUIRE_OK(alloc->deallocate(*p));
+    REQUIRE_OK(alloc->CheckInvariants());
+    auto q = alloc->allocate(bytes, 0, z);
+    REQUIRE_OK(q);
+    INFO("bytes " << bytes);
+    if (!flag->load()) CHECK_FALSE(overlaps(*p, bytes, *q, bytes));
+    REQUIRE_OK(rt->synchronize_stream(b));
+    REQUIRE_OK(alloc->deallocate(*q));
+    REQUIRE_OK(alloc->CheckInvariants());
+    x = *rt->create_stream(0);
+  }
+}
+
+TEST_CASE("orphans: a dead stream's quick-cached blocks are merged and adopted",
+          "[orphan]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0), z = *rt->create_stream(0);
+  std::vector<void*> ps;
+  for (int i = 0; i < 64; ++i) ps.push_back(*alloc->allocate(4096 + 512 * (i % 7), 0, x));
+  for (void* p : ps) REQUIRE_OK(alloc->deallocate(p));
+  const auto before = *alloc->stats(0);
+  REQUIRE_OK(rt->destroy_stream(x));
+  REQUIRE_OK(alloc->CheckInvariants());
+  auto q = alloc->allocate(4096, 0, z);
+  REQUIRE_OK(q);
+  const auto after = *alloc->stats(0);
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+  CHECK(after.segments.current == before.segments.current);
+  CHECK(after.free_blocks == 1);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->deallocate(*q));
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  CHECK(alloc->stats(0)->free_blocks == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: several streams destroyed at once, every size class", "[orphan]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  std::vector<StreamHandle> dead;
+  std::vector<void*> held;
+  for (int i = 0; i < 6; ++i) {
+    StreamHandle s = *rt->create_stream(0);
+    dead.push_back(s);
+    // Small, large and oversize (a small oversize request would not adopt a
+    // 40 MiB orphan: the first case).
+    for (std::size_t bytes : {std::size_t{1000}, 1500 * 1024ul, 40 * MiB}) {
+      auto p = alloc->allocate(bytes, 0, s);
+      REQUIRE_OK(p);
+      if (i % 2) held.push_back(*p); else REQUIRE_OK(alloc->deallocate(*p));
+    }
+  }
+  for (StreamHandle s : dead) REQUIRE_OK(rt->destroy_stream(s));
+  REQUIRE_OK(alloc->CheckInvariants());
+  const auto reserved = alloc->stats(0)->reserved_bytes.current;
+  StreamHandle z = *rt->create_stream(0);
+  std::vector<void*> zs;
+  for (std::size_t bytes : {std::size_t{1000}, 1500 * 1024ul, 40 * MiB}) {
+    auto p = alloc->allocate(bytes, 0, z);
+    REQUIRE_OK(p);
+    zs.push_back(*p);
+    REQUIRE_OK(alloc->CheckInvariants());
+  }
+  CHECK(alloc->stats(0)->reserved_bytes.current == reserved);
+  for (void* p : held) REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (void* p : zs) REQUIRE_OK(alloc->deallocate(p));
+  REQUIRE_OK(alloc->empty_cache());
+  REQUIRE_OK(alloc->CheckInvariants());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  CHECK(alloc->stats(0)->segments.current == 0);
+}
+
+TEST_CASE("orphans: a device's orphans serve only that device", "[orphan]") {
+  auto rt = host_runtime(std::size_t{16} << 30, 2);
+  auto alloc = make_allocator(rt);
+  StreamHandle x1 = *rt->create_stream(1), z0 = *rt->create_stream(0), z1 = *rt->create_stream(1);
+  auto p = alloc->allocate(4 * MiB, 1, x1);
+  REQUIRE_OK(p);
+  REQUIRE_OK(alloc->deallocate(*p));
+  REQUIRE_OK(rt->destroy_stream(x1));
+  auto q0 = alloc->allocate(4 * MiB, 0, z0);
+  REQUIRE_OK(q0);
+  CHECK(*q0 != *p);
+  auto q1 = alloc->allocate(4 * MiB, 1, z1);
+  REQUIRE_OK(q1);
+  CHECK(*q1 == *p);
+  CHECK(alloc->stats(1)->reserved_bytes.current == 4 * MiB);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->deallocate(*q1));
+  REQUIRE_OK(alloc->deallocate(*q0));
+  REQUIRE_OK(alloc->empty_cache(1));
+  CHECK(alloc->stats(1)->reserved_bytes.current == 0);
+  CHECK(alloc->stats(0)->reserved_bytes.current == 4 * MiB);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: a stream destroyed during a routed capture is adopted during it", "[orphan]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  auto tracker = *CaptureTracker::create(*alloc);
+  StreamHandle x = *rt->create_stream(0), c = *rt->create_stream(0), z = *rt->create_stream(0);
+  auto p = alloc->allocate(4 * MiB, 0, x);
+  auto s = alloc->allocate(1000, 0, x);
+  REQUIRE_OK(p);
+  REQUIRE_OK(s);
+  REQUIRE_OK(alloc->deallocate(*p));
+  auto pool = alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  REQUIRE_OK(tracker->begin_capture(0, c, {.pool = *pool}));
+  auto in_capture = alloc->allocate(4 * MiB, 0, c);
+  REQUIRE_OK(in_capture);
+  REQUIRE_OK(rt->destroy_stream(x));
+  REQUIRE_OK(alloc->deallocate(*s));
+  REQUIRE_OK(alloc->CheckInvariants());
+  auto q = alloc->allocate(4 * MiB, 0, z);  // adopts during the capture
+  REQUIRE_OK(q);
+  CHECK(*q == *p);
+  auto qs = alloc->allocate(1000, 0, z);
+  REQUIRE_OK(qs);
+  CHECK(*qs == *s);
+  REQUIRE_OK(alloc->CheckInvariants());
+  auto in_capture2 = alloc->allocate(4 * MiB, 0, c);
+  REQUIRE_OK(in_capture2);
+  CHECK(alloc->block_info(*in_capture2)->pool == *pool);
+  REQUIRE_OK(alloc->deallocate(*in_capture));
+  REQUIRE_OK(alloc->deallocate(*in_capture2));
+  auto done = tracker->end_capture(c);
+  REQUIRE_OK(done);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->deallocate(*q));
+  REQUIRE_OK(alloc->deallocate(*qs));
+  REQUIRE_OK(tracker->destroy_graph(done->graph));
+  REQUIRE_OK(alloc->release_graph_pool(*pool));
+  REQUIRE_OK(alloc->empty_cache());
+  REQUIRE_OK(alloc->CheckInvariants());
+  tracker.reset();
+}
+
+TEST_CASE("orphans: threads destroy streams while others allocate", "[orphan][threads]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  std::atomic<bool> failed{false};
+  auto worker = [&](int seed) {
+    for (int i = 0; i < 300 && !failed; ++i) {
+      auto s = rt->create_stream(0);
+      if (!s.ok()) { failed = true; return; }
+      std::vector<void*> ps;
+      for (std::size_t bytes : {std::size_t{1000} + seed, 700 * 1024ul, 3 * MiB}) {
+        auto p = alloc->allocate(bytes, 0, *s);
+        if (!p.ok()) { failed = true; return; }
+        ps.push_back(*p);
+      }
+      if (i % 2) (void)rt->destroy_stream(*s);
+      for (void* p : ps) if (!alloc->deallocate(p).ok()) { failed = true; return; }
+      if (i % 2 == 0) (void)rt->destroy_stream(*s);
+      if (i % 37 == 0) (void)alloc->empty_cache();
+    }
+  };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 3; ++t) ts.emplace_back(worker, t);
+  for (auto& t : ts) t.join();
+  CHECK_FALSE(failed);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(alloc->empty_cache());
+  CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+namespace {
+// Forwards everything to a host runtime, except that retire_and_reuse(h)
+// reports h destroyed without destroying it: h then stands for a new stream
+// that got the destroyed one's handle (cudaStreamCreate reuses pointers).
+class ReusingRuntime final : public MemoryRuntime {
+ public:
+  explicit ReusingRuntime(std::shared_ptr<DeviceRuntime> in) : in_(std::move(in)) {}
+  void retire_and_reuse(StreamHandle h) {
+    REQUIRE_OK(in_->synchronize_stream(h));  // the "destroyed" stream's work is done
+    for (auto& w : watchers_) w(h);
+  }
+  RuntimeKind kind() const override { return in_->kind(); }
+  int device_count() const override { return in_->device_count(); }
+  absl::StatusOr<DeviceMemoryInfo> memory_info(int d) const override { return in_->memory_info(d); }
+  absl::StatusOr<void*> reserve(int d, std::size_t b) override { return in_->reserve(d, b); }
+  absl::Status release(int d, void* p, std::size_t b) override { return in_->release(d, p, b); }
+  CaptureMode exchange_thread_capture_mode(CaptureMode m) override {
+    return in_->exchange_thread_capture_mode(m);
+  }
+  absl::StatusOr<StreamHandle> create_stream(int d) override { return in_->create_stream(d); }
+  absl::StatusOr<int> stream_device(StreamHandle s) override { return in_->stream_device(s); }
+  absl::Status destroy_stream(StreamHandle s) override { return in_->destroy_stream(s); }
+  void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
+    watchers_.push_back(f);
+    in_->watch_stream_destruction(std::move(f));
+  }
+  absl::Status synchronize_stream(StreamHandle s) override { return in_->synchronize_stream(s); }
+  absl::StatusOr<EventHandle> create_event(int d) override { return in_->create_event(d); }
+  absl::Status destroy_event(EventHandle e) override { return in_->destroy_event(e); }
+  absl::Status record_event(EventHandle e, StreamHandle s) override { return in_->record_event(e, s); }
+  absl::StatusOr<bool> query_event(EventHandle e) override { return in_->query_event(e); }
+  absl::Status synchronize_event(EventHandle e) override { return in_->synchronize_event(e); }
+  absl::Status stream_wait_event(StreamHandle s, EventHandle e) override {
+    return in_->stream_wait_event(s, e);
+  }
+  absl::StatusOr<CaptureInfo> capture_info(StreamHandle s) override { return in_->capture_info(s); }
+  bool any_capture_active(int d) const override { return in_->any_capture_active(d); }
+
+ private:
+  std::shared_ptr<DeviceRuntime> in_;
+  std::vector<std::function<bool(StreamHandle)>> watchers_;
+};
+}  // namespace
+
+TEST_CASE("orphans: a new stream given a dead stream's handle never allocates from its orphans",
+          "[orphan][reuse]") {
+  auto host = host_runtime();
+  auto rt = std::make_shared<ReusingRuntime>(host);
+  auto created = Allocator::create(rt);
+  REQUIRE_OK(created);
+  auto alloc = *std::move(created);
+  const StreamHandle h = *host->create_stream(0), w = *host->create_stream(0);
+  const std::size_t bytes = 1536 * 1024;  // large class: 4 MiB segments
+  auto p = alloc->allocate(bytes, 0, h);
+  REQUIRE_OK(p);
+  REQUIRE_OK(alloc->deallocate(*p));
+  rt->retire_and_reuse(h);  // stream X destroyed; stream Y created with X's handle
+  // Y allocates: adopting the orphan (it is fully free) is fine; taking it
+  // through the old handle's index, still flagged an orphan, was not.
+  auto q = alloc->allocate(bytes, 0, h);
+  REQUIRE_OK(q);
+  REQUIRE_OK(alloc->CheckInvariants());
+  // Y writes q in a slow kernel and frees it stream-ordered (no
+  // record_stream needed: the block is Y's own).
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  KernelLaunch k = slow_fill(*q, bytes, 9, std::chrono::milliseconds(300));
+  auto body = k.host_body;
+  k.host_body = [body, flag] { body(); flag->store(true); };
+  REQUIRE_OK(host->launch_kernel(h, k));
+  REQUIRE_OK(alloc->deallocate(*q));
+  // Another stream needs a large segment: it must not get memory Y's
+  // queued kernel is writing.
+  auto r = alloc->allocate(bytes, 0, w);
+  REQUIRE_OK(r);
+  const bool running = !flag->load();
+  INFO("q " << *q << " r " << *r << " kernel running " << running);
+  CHECK_FALSE((running && overlaps(*q, bytes, *r, bytes)));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(host->synchronize_stream(h));
+  REQUIRE_OK(alloc->deallocate(*r));
+}
+
+TEST_CASE("orphans: they do not count in the oversize cached-share rule",
+          "[orphan][share]") {
+  for (bool with_orphans : {false, true}) {
+    auto rt = host_runtime();
+    auto alloc = make_allocator(rt);
+    StreamHandle x = *rt->create_stream(0), z = *rt->create_stream(0);
+    std::vector<void*> xs;
+    for (int i = 0; i < 100; ++i) xs.push_back(*alloc->allocate(1536 * 1024, 0, x));  // 100 large segs
+    for (void* p : xs) REQUIRE_OK(alloc->deallocate(p));
+    if (with_orphans) {
+      REQUIRE_OK(rt->destroy_stream(x));
+    } else {
+      REQUIRE_OK(alloc->empty_cache());  // what the report did before the commit
+    }
+    auto live = alloc->allocate(std::size_t{1} << 30, 0, z);  // z's working set
+    REQUIRE_OK(live);
+    auto a = alloc->allocate(10 * MiB, 0, z);
+    REQUIRE_OK(a);
+    REQUIRE_OK(alloc->deallocate(*a));
+    const auto reserved = alloc->stats(0)->reserved_bytes.current;
+    auto b = alloc->allocate(20 * MiB, 0, z);  // misses z's 10 MiB block
+    REQUIRE_OK(b);
+    INFO("with orphans " << with_orphans);
+    // z's free 10 MiB segment stays cached (no release, no device sync):
+    CHECK(alloc->stats(0)->reserved_bytes.current == reserved + std::int64_t{20 << 20});
+    REQUIRE_OK(alloc->CheckInvariants());
+  }
+}
