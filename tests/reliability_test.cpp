@@ -16,6 +16,7 @@
 using namespace capalloc;
 using capalloc::testing::host_runtime;
 using capalloc::testing::make_allocator;
+using capalloc::testing::slow_fill;
 
 namespace {
 
@@ -44,18 +45,6 @@ struct Scene {
   std::int64_t allocated() const { return alloc->stats(0)->allocated_bytes.current; }
 };
 
-// A kernel that sleeps, then writes `value` over [p, p + bytes).
-KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
-                       std::chrono::milliseconds delay = std::chrono::milliseconds(50)) {
-  KernelLaunch k;
-  k.name = "slow_fill";
-  k.writes = {MemorySpan{p, bytes}};
-  k.host_body = [p, bytes, value, delay] {
-    std::this_thread::sleep_for(delay);
-    std::memset(p, value, bytes);
-  };
-  return k;
-}
 
 }  // namespace
 

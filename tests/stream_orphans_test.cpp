@@ -21,21 +21,11 @@
 using namespace capalloc;
 using capalloc::testing::host_runtime;
 using capalloc::testing::make_allocator;
+using capalloc::testing::slow_fill;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
-                       std::chrono::milliseconds delay = std::chrono::milliseconds(200)) {
-  KernelLaunch k;
-  k.name = "slow_fill";
-  k.writes = {MemorySpan{p, bytes}};
-  k.host_body = [p, bytes, value, delay] {
-    std::this_thread::sleep_for(delay);
-    std::memset(p, value, bytes);
-  };
-  return k;
-}
 bool overlaps(void* a, std::size_t an, void* b, std::size_t bn) {
   auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
   return x < y + bn && y < x + an;
@@ -68,20 +58,6 @@ TEST_CASE("orphans: a small oversize request leaves a huge orphan for the out-of
   REQUIRE_OK(alloc->CheckInvariants());
 }
 
-TEST_CASE("orphans: the same requests with the first stream alive", "[orphan]") {
-  auto rt = host_runtime((std::size_t{1} << 30) + 64 * MiB);
-  auto alloc = make_allocator(rt);
-  StreamHandle x = *rt->create_stream(0), z = *rt->create_stream(0), w = *rt->create_stream(0);
-  auto big = alloc->allocate(std::size_t{1} << 30, 0, x);
-  REQUIRE_OK(big);
-  REQUIRE_OK(alloc->deallocate(*big));
-  auto small = alloc->allocate(3 * MiB, 0, z);
-  REQUIRE_OK(small);
-  auto mid = alloc->allocate(512 * MiB, 0, w);
-  CHECK_OK(mid);
-  REQUIRE_OK(alloc->CheckInvariants());
-}
-
 TEST_CASE("orphans: the smallest orphan that fits is adopted", "[orphan]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
@@ -109,7 +85,7 @@ TEST_CASE("orphans: a pending free on a live stream holds its orphan until the e
     REQUIRE_OK(p);
     REQUIRE_OK(alloc->record_stream(*p, b));
     auto flag = std::make_shared<std::atomic<bool>>(false);
-    KernelLaunch k = slow_fill(*p, bytes, 7);
+    KernelLaunch k = slow_fill(*p, bytes, 7, std::chrono::milliseconds(200));
     auto body = k.host_body;
     k.host_body = [body, flag] { body(); flag->store(true); };
     REQUIRE_OK(rt->launch_kernel(b, k));

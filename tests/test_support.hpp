@@ -4,10 +4,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/runtime.hpp"
@@ -55,6 +57,20 @@ inline std::unique_ptr<Allocator> make_allocator(std::shared_ptr<DeviceRuntime> 
   auto a = Allocator::create(std::move(rt), options);
   REQUIRE(a.ok());
   return *std::move(a);
+}
+
+// A kernel that sleeps, then writes `value` over [p, p + bytes): work a
+// stream still has queued when the host moves on.
+inline KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
+                              std::chrono::milliseconds delay = std::chrono::milliseconds(50)) {
+  KernelLaunch k;
+  k.name = "slow_fill";
+  k.writes = {MemorySpan{p, bytes}};
+  k.host_body = [p, bytes, value, delay] {
+    std::this_thread::sleep_for(delay);
+    std::memset(p, value, bytes);
+  };
+  return k;
 }
 
 // Writes a cookie derived from `seed` over the first `bytes` (up to 256) of p.
