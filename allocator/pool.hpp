@@ -188,25 +188,7 @@ class Pool {
     const std::size_t cap = std::max(kMinQuickCacheBytes,
                                      static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
     return quick.caches(block.size) && quick.bytes() + block.size <= cap &&
-           (!free_memory_scarce() || !next_to_free(block)) && !block.segment->orphaned;
-  }
-  // A hole beside free memory keeps that free run short: requests the
-  // cache misses then carve fresh runs that the merged one could have
-  // served, and the pool reserves segments it need not. That matters only
-  // when the pool is close to reserving: while under a quarter of its
-  // reserved bytes is free, a freed block with a free neighbour (filed in
-  // the index or cached) merges instead of being cached. Measured on
-  // small-block churn with lifetimes scaled x4 to x128 (docs/performance.md
-  // "Memory"): 103 segments reserved over the eleven traces instead of 110
-  // (95 at the fewest possible; x16 1.397 -> 1.164, x64 1.201 -> 1.126 peak
-  // reserved / peak requested), for 1% more instructions on
-  // traces/churn.jsonl (the test) and 6 to 11% on the scaled traces, where
-  // the merges happen.
-  // Ungated, the rule cost 44% on churn, whose one segment is half free.
-  bool free_memory_scarce() const { return free_bytes_ * 4 < stats_.reserved_bytes.current; }
-  static bool next_to_free(const Block& block) {
-    return (block.prev != nullptr && block.prev->is_free()) ||
-           (block.next != nullptr && block.next->is_free());
+           !block.segment->orphaned;
   }
   // Frees an allocated block into its index's quick cache, unmerged
   // (quick_cache.hpp). Precondition: caches_freed(*block).

@@ -51,78 +51,27 @@ TEST_CASE("quick cache: a freed small block serves the next request of its class
 
 TEST_CASE("quick cache: cached blocks are merged before a new segment is reserved",
           "[quick_cache]") {
-  auto rt = host_runtime();
-  auto alloc = make_allocator(rt);
-  // A side stream's segment, nearly all free, keeps the pool's free memory
-  // plentiful, so that the frees below are all cached (while it is scarce,
-  // a freed block beside a free one merges at once: the next case).
-  const StreamHandle side = *rt->create_stream(0);
-  auto spare = alloc->allocate(64 << 10, 0, side);
-  REQUIRE_OK(spare);
+  auto alloc = make_allocator(host_runtime());
   // Fill one small segment (2 MiB) with 64 KiB blocks, then free the first
   // eight: 512 KiB, what a cache of a 2 MiB pool may hold, all cached and
   // unmerged.
   const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
   const auto before = alloc->stats(0);
   REQUIRE_OK(before);
-  REQUIRE(before->segments.current == 2);
+  REQUIRE(before->segments.current == 1);
   for (int i = 0; i < 8; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
-  CHECK(alloc->stats(0)->free_blocks == 8 + 1);  // and the side segment's rest
+  CHECK(alloc->stats(0)->free_blocks == 8);
   REQUIRE_OK(alloc->CheckInvariants());
-  // 512 KiB fits only in those blocks merged: no third segment.
+  // 512 KiB fits only in those blocks merged: no second segment.
   auto big = alloc->allocate(512 << 10);
   REQUIRE_OK(big);
   CHECK(*big == blocks[0]);
-  CHECK(alloc->stats(0)->segments.current == 2);
+  CHECK(alloc->stats(0)->segments.current == 1);
   CHECK(alloc->stats(0)->reserved_bytes.peak == before->reserved_bytes.peak);
   REQUIRE_OK(alloc->CheckInvariants());
   REQUIRE_OK(alloc->deallocate(*big));
   for (int i = 8; i < 32; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
-  REQUIRE_OK(alloc->deallocate(*spare));
   REQUIRE_OK(alloc->CheckInvariants());
-  REQUIRE_OK(rt->destroy_stream(side));
-}
-
-TEST_CASE("quick cache: while free memory is scarce, a freed block beside a free one merges",
-          "[quick_cache]") {
-  // A cached hole beside free memory keeps that run short, and requests the
-  // cache misses carve fresh runs: near a new reservation, that costs
-  // segments (allocator/pool.hpp, Pool::caches_freed).
-  auto rt = host_runtime();
-  auto alloc = make_allocator(rt);
-  const StreamHandle side = *rt->create_stream(0);
-  void* spare = nullptr;
-  bool plentiful = false;
-  SECTION("scarce: the pool's one segment is full") {}
-  SECTION("plentiful: a side stream's segment is nearly all free") {
-    plentiful = true;
-    spare = *alloc->allocate(64 << 10, 0, side);
-  }
-  const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
-  const std::int64_t side_free = plentiful ? 1 : 0;
-  // Between blocks in use: cached either way.
-  REQUIRE_OK(alloc->deallocate(blocks[0]));
-  CHECK(alloc->stats(0)->free_blocks == side_free + 1);
-  // Beside the free blocks[0]: merged with it when scarce, cached when not.
-  REQUIRE_OK(alloc->deallocate(blocks[1]));
-  CHECK(alloc->stats(0)->free_blocks == side_free + (plentiful ? 2 : 1));
-  REQUIRE_OK(alloc->deallocate(blocks[3]));
-  CHECK(alloc->stats(0)->free_blocks == side_free + (plentiful ? 3 : 2));
-  REQUIRE_OK(alloc->CheckInvariants());
-  // 128 KiB: the merged run serves it in place; the cached holes hold 64
-  // KiB each, and the request drains them and finds the same run.
-  auto p = alloc->allocate(128 << 10);
-  REQUIRE_OK(p);
-  CHECK(*p == blocks[0]);
-  CHECK(alloc->stats(0)->segments.current == (plentiful ? 2 : 1));
-  REQUIRE_OK(alloc->CheckInvariants());
-  REQUIRE_OK(alloc->deallocate(*p));
-  for (int i = 2; i < 32; ++i) {
-    if (i != 3) REQUIRE_OK(alloc->deallocate(blocks[i]));
-  }
-  if (spare != nullptr) REQUIRE_OK(alloc->deallocate(spare));
-  REQUIRE_OK(alloc->CheckInvariants());
-  REQUIRE_OK(rt->destroy_stream(side));
 }
 
 TEST_CASE("quick cache: a cache holds at most its share of the pool; the rest merge at once",
