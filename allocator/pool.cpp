@@ -55,7 +55,10 @@ FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) cons
 
 FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
   auto& slot = indexes_[IndexKey{stream, size_class}];
-  if (!slot) slot = std::make_unique<FreeIndex>(policy_.granule_shift);
+  if (!slot) {
+    slot = std::make_unique<FreeIndex>(policy_.granule_shift);
+    if (stream == kOrphanKey) slot->quick.refuse_all();
+  }
   return slot.get();
 }
 

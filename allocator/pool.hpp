@@ -187,8 +187,8 @@ class Pool {
     const QuickCache& quick = block.segment->index->quick;
     const std::size_t cap = std::max(kMinQuickCacheBytes,
                                      static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
-    return quick.caches(block.size) && quick.bytes() + block.size <= cap &&
-           !block.segment->orphaned;
+    // An orphan's index caches nothing (QuickCache::refuse_all).
+    return quick.caches(block.size) && quick.bytes() + block.size <= cap;
   }
   // Frees an allocated block into its index's quick cache, unmerged
   // (quick_cache.hpp). Precondition: caches_freed(*block).
@@ -220,7 +220,6 @@ class Pool {
   // work is done (a destroyed stream's is), so any stream may use it.
   Block* take_from_orphan(StreamHandle stream, std::size_t segment_bytes, std::size_t rounded,
                           std::size_t requested);
-  std::size_t orphans() const { return orphans_.size(); }
   // What the orphans hold: reserved bytes, and the free bytes among them.
   struct OrphanedBytes {
     std::int64_t reserved = 0;

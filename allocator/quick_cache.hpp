@@ -123,9 +123,15 @@ class QuickCache {
   explicit QuickCache(unsigned granule_shift) : granule_shift_(granule_shift) {}
 
   // Whether freed blocks of `size` bytes (a non-zero multiple of the
-  // granularity) are cached at all.
-  bool caches(std::size_t size) const {
-    return (size >> granule_shift_) < (std::size_t{1} << kFirstLevels);
+  // granularity) are cached at all: none once refuse_all() ran.
+  bool caches(std::size_t size) const { return (size >> granule_shift_) < cached_below_; }
+  // The cache takes no block from now on (it must be empty). For the
+  // orphans' indexes (Pool::orphan_stream): a cached block is a hole the
+  // segment's "fully free" test does not see, so an orphan with one could
+  // never be adopted or given back.
+  void refuse_all() {
+    assert(empty());
+    cached_below_ = 0;
   }
 
   // The most recently cached block of the lowest class whose blocks all
@@ -210,6 +216,8 @@ class QuickCache {
   }
 
   unsigned granule_shift_;
+  // caches() takes sizes below this many granules.
+  std::size_t cached_below_ = std::size_t{1} << kFirstLevels;
   std::size_t count_ = 0;
   std::size_t bytes_ = 0;
   std::array<Block*, kBins> heads_{};
