@@ -30,6 +30,7 @@
 #include "capalloc/gemm.hpp"
 #include "capalloc/persistent_cache.hpp"
 #include "capalloc/runtime.hpp"
+#include "forwarding_runtime.hpp"
 #include "test_support.hpp"
 
 extern char** environ;
@@ -102,59 +103,39 @@ inline KernelLaunch write_kernel(void* p, std::size_t bytes, int value) {
 // what a GPU runtime does when the driver refuses. `Base` is MemoryRuntime
 // (the memory seam only) or DeviceRuntime.
 template <typename Base>
-class Forwarding : public Base {
+class Forwarding : public capalloc::testing::ForwardingRuntime<Base> {
  public:
-  explicit Forwarding(std::shared_ptr<DeviceRuntime> inner) : in_(std::move(inner)) {}
+  using capalloc::testing::ForwardingRuntime<Base>::ForwardingRuntime;
   int devices = -1;  // -1: the inner runtime's count
   std::atomic<bool> fail_create_event{false};
   std::atomic<bool> fail_release{false};
 
-  RuntimeKind kind() const override { return in_->kind(); }
-  int device_count() const override { return devices >= 0 ? devices : in_->device_count(); }
-  absl::StatusOr<DeviceMemoryInfo> memory_info(int d) const override { return in_->memory_info(d); }
-  absl::StatusOr<void*> reserve(int d, std::size_t b) override { return in_->reserve(d, b); }
+  int device_count() const override { return devices >= 0 ? devices : this->in_->device_count(); }
   absl::Status release(int d, void* p, std::size_t b) override {
     if (fail_release) return absl::InternalError("release: injected driver failure");
-    return in_->release(d, p, b);
+    return this->in_->release(d, p, b);
   }
-  CaptureMode exchange_thread_capture_mode(CaptureMode m) override {
-    return in_->exchange_thread_capture_mode(m);
-  }
-  absl::StatusOr<StreamHandle> create_stream(int d) override { return in_->create_stream(d); }
-  absl::Status destroy_stream(StreamHandle s) override { return in_->destroy_stream(s); }
   // false: destroyed streams are never reported (a CUDA application that
   // destroys a stream natively, behind capalloc). Set before the allocator
   // is created.
   bool report_destroyed = true;
   void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
-    if (report_destroyed) in_->watch_stream_destruction(std::move(f));
+    if (report_destroyed) this->in_->watch_stream_destruction(std::move(f));
   }
-  absl::Status synchronize_stream(StreamHandle s) override { return in_->synchronize_stream(s); }
   absl::StatusOr<EventHandle> create_event(int d) override {
     if (fail_create_event) return absl::InternalError("create_event: injected driver failure");
-    return in_->create_event(d);
+    return this->in_->create_event(d);
   }
-  absl::Status destroy_event(EventHandle e) override { return in_->destroy_event(e); }
   // Called with the stream before each record_event is forwarded: a test
   // destroys the stream there, as another thread could at that moment.
   std::function<void(StreamHandle)> before_record_event;
   absl::Status record_event(EventHandle e, StreamHandle s) override {
     if (before_record_event) before_record_event(s);
-    return in_->record_event(e, s);
+    return this->in_->record_event(e, s);
   }
-  absl::StatusOr<bool> query_event(EventHandle e) override { return in_->query_event(e); }
-  absl::Status synchronize_event(EventHandle e) override { return in_->synchronize_event(e); }
-  absl::Status stream_wait_event(StreamHandle s, EventHandle e) override {
-    return in_->stream_wait_event(s, e);
-  }
-  absl::StatusOr<CaptureInfo> capture_info(StreamHandle s) override { return in_->capture_info(s); }
-  bool any_capture_active(int d) const override { return in_->any_capture_active(d); }
   absl::Status watch_capture_graph(StreamHandle s, std::function<void()> f) override {
-    return in_->watch_capture_graph(s, std::move(f));
+    return this->in_->watch_capture_graph(s, std::move(f));
   }
-
- protected:
-  std::shared_ptr<DeviceRuntime> in_;
 };
 
 // The memory seam only: no launches, no captures.
@@ -166,26 +147,6 @@ class MemoryOnly final : public Forwarding<MemoryRuntime> {
 class Faulty final : public Forwarding<DeviceRuntime> {
  public:
   using Forwarding::Forwarding;
-  absl::Status launch_kernel(StreamHandle s, KernelLaunch k) override {
-    return in_->launch_kernel(s, std::move(k));
-  }
-  absl::Status memset_async(void* d, int v, std::size_t b, StreamHandle s) override {
-    return in_->memset_async(d, v, b, s);
-  }
-  absl::Status memcpy_async(void* d, const void* src, std::size_t b, StreamHandle s) override {
-    return in_->memcpy_async(d, src, b, s);
-  }
-  absl::StatusOr<CaptureId> begin_capture(StreamHandle s, CaptureMode m) override {
-    return in_->begin_capture(s, m);
-  }
-  absl::StatusOr<GraphHandle> end_capture(StreamHandle s) override { return in_->end_capture(s); }
-  absl::Status launch_graph(GraphHandle g, StreamHandle s) override {
-    return in_->launch_graph(g, s);
-  }
-  absl::Status destroy_graph(GraphHandle g) override { return in_->destroy_graph(g); }
-  absl::StatusOr<std::vector<GraphWrite>> graph_writes(GraphHandle g) override {
-    return in_->graph_writes(g);
-  }
   absl::StatusOr<GraphDependencies> graph_dependencies(GraphHandle g) override {
     return in_->graph_dependencies(g);
   }

@@ -16,6 +16,7 @@
 
 #include "capalloc/allocator.hpp"
 #include "capalloc/capture.hpp"
+#include "forwarding_runtime.hpp"
 #include "test_support.hpp"
 
 using namespace capalloc;
@@ -267,42 +268,20 @@ namespace {
 // Forwards everything to a host runtime, except that retire_and_reuse(h)
 // reports h destroyed without destroying it: h then stands for a new stream
 // that got the destroyed one's handle (cudaStreamCreate reuses pointers).
-class ReusingRuntime final : public MemoryRuntime {
+class ReusingRuntime final : public capalloc::testing::ForwardingRuntime<MemoryRuntime> {
  public:
-  explicit ReusingRuntime(std::shared_ptr<DeviceRuntime> in) : in_(std::move(in)) {}
+  using ForwardingRuntime::ForwardingRuntime;
   void retire_and_reuse(StreamHandle h) {
     REQUIRE_OK(in_->synchronize_stream(h));  // the "destroyed" stream's work is done
     for (auto& w : watchers_) w(h);
   }
-  RuntimeKind kind() const override { return in_->kind(); }
-  int device_count() const override { return in_->device_count(); }
-  absl::StatusOr<DeviceMemoryInfo> memory_info(int d) const override { return in_->memory_info(d); }
-  absl::StatusOr<void*> reserve(int d, std::size_t b) override { return in_->reserve(d, b); }
-  absl::Status release(int d, void* p, std::size_t b) override { return in_->release(d, p, b); }
-  CaptureMode exchange_thread_capture_mode(CaptureMode m) override {
-    return in_->exchange_thread_capture_mode(m);
-  }
-  absl::StatusOr<StreamHandle> create_stream(int d) override { return in_->create_stream(d); }
   absl::StatusOr<int> stream_device(StreamHandle s) override { return in_->stream_device(s); }
-  absl::Status destroy_stream(StreamHandle s) override { return in_->destroy_stream(s); }
   void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
     watchers_.push_back(f);
     in_->watch_stream_destruction(std::move(f));
   }
-  absl::Status synchronize_stream(StreamHandle s) override { return in_->synchronize_stream(s); }
-  absl::StatusOr<EventHandle> create_event(int d) override { return in_->create_event(d); }
-  absl::Status destroy_event(EventHandle e) override { return in_->destroy_event(e); }
-  absl::Status record_event(EventHandle e, StreamHandle s) override { return in_->record_event(e, s); }
-  absl::StatusOr<bool> query_event(EventHandle e) override { return in_->query_event(e); }
-  absl::Status synchronize_event(EventHandle e) override { return in_->synchronize_event(e); }
-  absl::Status stream_wait_event(StreamHandle s, EventHandle e) override {
-    return in_->stream_wait_event(s, e);
-  }
-  absl::StatusOr<CaptureInfo> capture_info(StreamHandle s) override { return in_->capture_info(s); }
-  bool any_capture_active(int d) const override { return in_->any_capture_active(d); }
 
  private:
-  std::shared_ptr<DeviceRuntime> in_;
   std::vector<std::function<bool(StreamHandle)>> watchers_;
 };
 }  // namespace
