@@ -15,6 +15,15 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies
   order.from_edges_ = true;
   order.depends_on_ = std::move(dependencies.depends_on);
   const std::size_t n = order.depends_on_.size();
+  // One stream's capture: each node depends on the one before it alone.
+  // Then a runs before b iff a < b, and neither the sort nor the ancestor
+  // sets are needed (the edges stay, for path()).
+  order.chain_ = std::all_of(order.depends_on_.begin(), order.depends_on_.end(),
+                             [&, i = std::size_t{0}](const std::vector<std::size_t>& d) mutable {
+                               const std::size_t at = i++;
+                               return at == 0 ? d.empty() : d.size() == 1 && d[0] == at - 1;
+                             });
+  if (order.chain_) return order;
   // A topological order (Kahn), which also proves there is no cycle. The
   // runtimes list nodes in creation order, which is one already; this does
   // not rely on it. Dependents are kept in one array (node d's at
@@ -73,7 +82,7 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies
 bool GraphOrder::before(std::size_t a, std::size_t b) const {
   if (a == b) return false;
   const std::size_t n = depends_on_.size();
-  if (!from_edges_ || a >= n || b >= n) return a < b;
+  if (!from_edges_ || chain_ || a >= n || b >= n) return a < b;
   if (words_ != 0) return (ancestors_[b * words_ + a / 64] >> (a % 64)) & 1;
   return walk_before(a, b);
 }

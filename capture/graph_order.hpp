@@ -6,7 +6,9 @@
 // chain: each node before every later one), which is labelled so in
 // findings. Nodes are named by position, the index GraphWrite::position uses.
 //
-// Cost: a graph of up to kDenseLimit nodes keeps, per node, the set of its
+// Cost: a chain (each node depending on the one before it alone, as one
+// stream's capture is) answers by comparing positions. Otherwise a graph
+// of up to kDenseLimit nodes keeps, per node, the set of its
 // ancestors as a bitset (n^2/8 bytes: 2 MiB at the limit) and answers in
 // O(1); a larger one answers by a walk of its edges (O(nodes + edges) per
 // question).
@@ -53,6 +55,7 @@ class GraphOrder {
   bool walk_before(std::size_t a, std::size_t b) const;
 
   bool from_edges_ = false;
+  bool chain_ = false;  // node i depends on node i - 1 alone (i > 0)
   std::vector<std::vector<std::size_t>> depends_on_;
   std::size_t words_ = 0;                  // 64-bit words per ancestor set
   std::vector<std::uint64_t> ancestors_;   // dense: node i's set at [i * words_]

@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "capture/block_history.hpp"
+#include "capture/graph_order.hpp"
 #include "capture/span_index.hpp"
 #include "test_support.hpp"
 
 using capalloc::BlockRef;
+using capalloc::GraphDependencies;
 using capalloc::MemorySpan;
 using capalloc::detail::BlockHistory;
 using capalloc::detail::Occupant;
@@ -112,4 +114,72 @@ TEST_CASE("sorted spans: assign builds what adding one by one builds",
       REQUIRE(candidates(assigned, span) == candidates(added, span));
     }
   }
+}
+
+// GraphOrder (capture/graph_order.hpp) answers a chain, one stream's capture,
+// by comparing positions: the answers must be those of the same order given
+// with redundant edges, which takes the general path (ancestor sets).
+TEST_CASE("graph order: a chain answers as the same order built from ancestor sets",
+          "[graph_order]") {
+  const std::size_t n = 40;
+  GraphDependencies chain, redundant;
+  for (std::size_t i = 0; i < n; ++i) {
+    chain.depends_on.push_back(i == 0 ? std::vector<std::size_t>{} : std::vector{i - 1});
+    std::vector<std::size_t> d;
+    if (i >= 1) d.push_back(i - 1);
+    if (i >= 2) d.push_back(i - 2);  // implied by the chain: not a chain's shape
+    redundant.depends_on.push_back(d);
+  }
+  auto fast = capalloc::detail::GraphOrder::from_edges(chain);
+  auto general = capalloc::detail::GraphOrder::from_edges(redundant);
+  REQUIRE_OK(fast);
+  REQUIRE_OK(general);
+  CHECK(fast->from_edges());
+  CHECK(fast->node_count() == n);
+  for (std::size_t a = 0; a < n + 2; ++a) {
+    for (std::size_t b = 0; b < n + 2; ++b) {
+      INFO(a << " before " << b);
+      CHECK(fast->before(a, b) == general->before(a, b));
+      CHECK(fast->unordered(a, b) == general->unordered(a, b));
+    }
+  }
+  // The path follows the chain's edges one node at a time.
+  CHECK(fast->path(3, 7) == std::vector<std::size_t>{3, 4, 5, 6, 7});
+  CHECK(fast->path(7, 3).empty());
+}
+
+TEST_CASE("graph order: only a chain takes the chain's answers", "[graph_order]") {
+  // 0 <- 1, 0 <- 2: a fork; 1 and 2 are unordered though 1 < 2.
+  GraphDependencies fork{{{}, {0}, {0}}};
+  auto order = capalloc::detail::GraphOrder::from_edges(fork);
+  REQUIRE_OK(order);
+  CHECK(order->before(0, 2));
+  CHECK_FALSE(order->before(1, 2));
+  CHECK(order->unordered(1, 2));
+  // A chain's shape with a bad edge is refused, not taken as a chain.
+  GraphDependencies bad{{{}, {0}, {5}}};
+  CHECK(capalloc::detail::GraphOrder::from_edges(bad).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("graph order: a chain longer than the dense limit answers without walking",
+          "[graph_order]") {
+  // Past kDenseLimit the general path walks the edges per question (O(n));
+  // a chain answers at once, so a million questions stay cheap.
+  const std::size_t n = capalloc::detail::GraphOrder::kDenseLimit * 3;
+  GraphDependencies chain;
+  chain.depends_on.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    chain.depends_on.push_back(i == 0 ? std::vector<std::size_t>{} : std::vector{i - 1});
+  }
+  auto order = capalloc::detail::GraphOrder::from_edges(std::move(chain));
+  REQUIRE_OK(order);
+  std::size_t before = 0, expected = 0;
+  for (std::size_t q = 0; q < 1'000'000; ++q) {
+    const std::size_t a = q % n, b = n - 1 - q % n;
+    before += order->before(a, b) ? 1 : 0;
+    expected += a < b ? 1 : 0;
+  }
+  CHECK(before == expected);
+  CHECK(order->path(0, 2) == std::vector<std::size_t>{0, 1, 2});
 }
