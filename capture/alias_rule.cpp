@@ -5,6 +5,7 @@
 #include <string>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "capture/byte_ranges.hpp"
@@ -162,7 +163,9 @@ std::string describe_path(const std::vector<std::size_t>& path) {
 
 std::string name_of(const BlockRef& b) {
   if (b.sequence == 0) return "memory no block held";
-  return absl::StrFormat("'%s' (block #%d)", b.tag.empty() ? "untagged" : b.tag, b.sequence);
+  const std::string_view tag = b.tag.empty() ? std::string_view("untagged") : b.tag;
+  return absl::StrCat("'", absl::string_view(tag.data(), tag.size()), "' (block #", b.sequence,
+                      ")");
 }
 
 }  // namespace
@@ -472,7 +475,6 @@ void classify(Finding& f, std::vector<VictimAccess> accesses) {
 }
 
 std::string fix_for(const Finding& f) {
-  const std::string victim = name_of(f.victim);
   if (f.harm == Harm::kStaleRead) {
     if (f.writer.sequence == 0) {
       return absl::StrFormat(
@@ -480,18 +482,19 @@ std::string fix_for(const Finding& f) {
           "capture only launches whose buffers are live",
           f.graph_label);
     }
+    const std::string writer = name_of(f.writer);
     return absl::StrFormat(
         "%s still reads through %s, which was freed after the capture: keep %s alive while %s "
         "can replay (the graph outlived a tensor it depends on), or destroy the graph before "
         "freeing it",
-        f.graph_label, name_of(f.writer), name_of(f.writer), f.graph_label);
+        f.graph_label, writer, writer, f.graph_label);
   }
   if (f.victim.capture != 0) {
     return absl::StrFormat(
         "%s was allocated during capture %d and outlives it: allocate it before the capture, "
         "or make it persistent and preallocate it during warmup, so it never takes an address "
         "a graph writes",
-        victim, f.victim.capture);
+        name_of(f.victim), f.victim.capture);
   }
   if (f.writer.sequence == 0) {
     return absl::StrFormat(
@@ -499,10 +502,11 @@ std::string fix_for(const Finding& f) {
         "capture only launches whose buffers are live",
         f.graph_label);
   }
+  const std::string writer = name_of(f.writer);
   return absl::StrFormat(
       "%s still writes through %s, which was freed after the capture: keep %s alive while %s "
       "can replay, or destroy the graph before freeing it",
-      f.graph_label, name_of(f.writer), name_of(f.writer), f.graph_label);
+      f.graph_label, writer, writer, f.graph_label);
 }
 
 namespace {
