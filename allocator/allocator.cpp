@@ -376,7 +376,8 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // the capture position of the block's stream if that stream is capturing.
   const bool tell = m.listener != nullptr && (block->capture != 0 || m.devices[owner].routes > 0);
   CaptureInfo at_free;  // outside any capture unless the stream is capturing
-  if (tell) {
+  // An orphan's stream was destroyed (nothing to ask: it captures nothing).
+  if (tell && block->segment->stream != kNoStream) {
     if (auto info = m.runtime->capture_info(block->segment->stream);
         info.ok() && info->status != CaptureStatus::kNone) {
       at_free = *info;

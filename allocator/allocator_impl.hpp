@@ -270,8 +270,10 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // default stream and the last streams used cost a comparison or two.
   absl::Status check_stream(StreamHandle stream, std::string_view call,
                             int device = kAnyDevice) {
-    if (stream == kDefaultStream) return absl::OkStatus();
+    // Reports first, for the default stream as well: its requests are the
+    // ones to adopt a destroyed stream's segments.
     if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
+    if (stream == kDefaultStream) return absl::OkStatus();
     if (device == kAnyDevice ? stream == last_known_stream || stream == previous_known_stream
                              : recent_stream_on(stream, device)) {
       return absl::OkStatus();

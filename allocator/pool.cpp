@@ -264,7 +264,7 @@ void Pool::orphan_stream(StreamHandle stream) {
     if (key.stream == stream) drain_quick(*index);
   }
   for (const auto& segment : segments_) {
-    if (segment->stream != stream || segment->orphaned) continue;
+    if (segment->stream != stream) continue;  // an orphan's is kOrphanKey
     // May throw: then this segment and the later ones stay the stream's.
     FreeIndex* home = make_index(kOrphanKey, segment->size_class);
     for (Block* b = segment->first; b != nullptr; b = b->next) {
@@ -273,6 +273,7 @@ void Pool::orphan_stream(StreamHandle stream) {
       home->insert(b);
     }
     segment->index = home;
+    segment->stream = kOrphanKey;
     segment->orphaned = true;
     orphans_.push_back(segment.get());
   }
@@ -358,7 +359,7 @@ absl::Status Pool::check_invariants() const {
                               b->addr));
         }
         FreeIndex* index =
-            find_index(segment->orphaned ? kOrphanKey : segment->stream, segment->size_class);
+            find_index(segment->stream, segment->size_class);  // kOrphanKey for an orphan
         if (index != segment->index) {
           return absl::InternalError(absl::StrFormat(
               "segment 0x%x files its free blocks in another index than its stream's%s",
@@ -418,7 +419,14 @@ absl::Status Pool::check_invariants() const {
     return mismatch("pending_free_blocks", stats_.pending_free_blocks, pending);
   if (free_bytes_ != free_bytes) return mismatch("cached free bytes", free_bytes_, free_bytes);
   std::int64_t orphaned = 0;
-  for (const auto& segment : segments_) orphaned += segment->orphaned ? 1 : 0;
+  for (const auto& segment : segments_) {
+    orphaned += segment->orphaned ? 1 : 0;
+    if (segment->orphaned != (segment->stream == kOrphanKey)) {
+      return absl::InternalError(absl::StrFormat(
+          "segment %#x: %s, but its stream is %#x", segment->base,
+          segment->orphaned ? "an orphan" : "not an orphan", segment->stream));
+    }
+  }
   if (orphaned != static_cast<std::int64_t>(orphans_.size()) ||
       !std::all_of(orphans_.begin(), orphans_.end(),
                    [](const Segment* s) { return s->orphaned; })) {

@@ -208,12 +208,14 @@ class Pool {
   // `stream` was destroyed: its segments become orphans (their quick caches
   // merged first, so that each is fully free once its last block is). They
   // stay reserved; nothing is released here, which would synchronize the
-  // device inside an allocator call. Their free blocks move to the orphans'
-  // free indexes (kOrphanKey), which no stream allocates from: CUDA and HIP
-  // hand a destroyed stream's handle to the next stream created, and that
-  // stream must not take memory another stream may adopt meanwhile.
+  // device inside an allocator call. An orphan belongs to no stream: its
+  // stream becomes kOrphanKey (kNoStream), and its free blocks move to the
+  // orphans' free indexes, which no stream allocates from. CUDA and HIP hand
+  // a destroyed stream's handle to the next stream created; that stream
+  // must not take an orphan's memory, nor pass for the owner of its blocks
+  // (record_stream would skip it, a release by stream would take it).
   void orphan_stream(StreamHandle stream);
-  static constexpr StreamHandle kOrphanKey = ~StreamHandle{0};
+  static constexpr StreamHandle kOrphanKey = kNoStream;
   // A fully free orphan of the request's size class and of at least
   // `segment_bytes`, moved to `stream`, serves the request as a new segment
   // would, without a reservation; nullptr when there is none. Its stream's

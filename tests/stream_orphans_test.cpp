@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -264,66 +265,6 @@ TEST_CASE("orphans: threads destroy streams while others allocate", "[orphan][th
   REQUIRE_OK(alloc->CheckInvariants());
 }
 
-namespace {
-// Forwards everything to a host runtime, except that retire_and_reuse(h)
-// reports h destroyed without destroying it: h then stands for a new stream
-// that got the destroyed one's handle (cudaStreamCreate reuses pointers).
-class ReusingRuntime final : public capalloc::testing::ForwardingRuntime<MemoryRuntime> {
- public:
-  using ForwardingRuntime::ForwardingRuntime;
-  void retire_and_reuse(StreamHandle h) {
-    REQUIRE_OK(in_->synchronize_stream(h));  // the "destroyed" stream's work is done
-    for (auto& w : watchers_) w(h);
-  }
-  absl::StatusOr<int> stream_device(StreamHandle s) override { return in_->stream_device(s); }
-  void watch_stream_destruction(std::function<bool(StreamHandle)> f) override {
-    watchers_.push_back(f);
-    in_->watch_stream_destruction(std::move(f));
-  }
-
- private:
-  std::vector<std::function<bool(StreamHandle)>> watchers_;
-};
-}  // namespace
-
-TEST_CASE("orphans: a new stream given a dead stream's handle never allocates from its orphans",
-          "[orphan][reuse]") {
-  auto host = host_runtime();
-  auto rt = std::make_shared<ReusingRuntime>(host);
-  auto created = Allocator::create(rt);
-  REQUIRE_OK(created);
-  auto alloc = *std::move(created);
-  const StreamHandle h = *host->create_stream(0), w = *host->create_stream(0);
-  const std::size_t bytes = 1536 * 1024;  // large class: 4 MiB segments
-  auto p = alloc->allocate(bytes, 0, h);
-  REQUIRE_OK(p);
-  REQUIRE_OK(alloc->deallocate(*p));
-  rt->retire_and_reuse(h);  // stream X destroyed; stream Y created with X's handle
-  // Y allocates: adopting the orphan (it is fully free) is fine; taking it
-  // through the old handle's index, still flagged an orphan, was not.
-  auto q = alloc->allocate(bytes, 0, h);
-  REQUIRE_OK(q);
-  REQUIRE_OK(alloc->CheckInvariants());
-  // Y writes q in a slow kernel and frees it stream-ordered (no
-  // record_stream needed: the block is Y's own).
-  auto flag = std::make_shared<std::atomic<bool>>(false);
-  KernelLaunch k = slow_fill(*q, bytes, 9, std::chrono::milliseconds(300));
-  auto body = k.host_body;
-  k.host_body = [body, flag] { body(); flag->store(true); };
-  REQUIRE_OK(host->launch_kernel(h, k));
-  REQUIRE_OK(alloc->deallocate(*q));
-  // Another stream needs a large segment: it must not get memory Y's
-  // queued kernel is writing.
-  auto r = alloc->allocate(bytes, 0, w);
-  REQUIRE_OK(r);
-  const bool running = !flag->load();
-  INFO("q " << *q << " r " << *r << " kernel running " << running);
-  CHECK_FALSE((running && overlaps(*q, bytes, *r, bytes)));
-  REQUIRE_OK(alloc->CheckInvariants());
-  REQUIRE_OK(host->synchronize_stream(h));
-  REQUIRE_OK(alloc->deallocate(*r));
-}
-
 TEST_CASE("orphans: they do not count in the oversize cached-share rule",
           "[orphan][share]") {
   for (bool with_orphans : {false, true}) {
@@ -351,4 +292,83 @@ TEST_CASE("orphans: they do not count in the oversize cached-share rule",
     CHECK(alloc->stats(0)->reserved_bytes.current == reserved + std::int64_t{20 << 20});
     REQUIRE_OK(alloc->CheckInvariants());
   }
+}
+
+TEST_CASE("orphans: the default stream adopts a stream destroyed just before its request",
+          "[orphan]") {
+  // The default stream needs no check, and its requests once skipped the
+  // destroyed streams' reports: they reserved anew beside the orphans.
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  StreamHandle x = *rt->create_stream(0);
+  const std::vector<std::size_t> sizes = {4096, 1536 * 1024, 40 * MiB};  // every class
+  for (std::size_t bytes : sizes) {
+    auto p = alloc->allocate(bytes, 0, x);
+    REQUIRE_OK(p);
+    REQUIRE_OK(alloc->deallocate(*p));
+  }
+  const auto reserved = alloc->stats(0)->reserved_bytes.current;
+  REQUIRE_OK(rt->destroy_stream(x));
+  std::vector<void*> held;
+  for (std::size_t bytes : sizes) {
+    auto q = alloc->allocate(bytes, 0, kDefaultStream);
+    REQUIRE_OK(q);
+    held.push_back(*q);
+  }
+  INFO("reserved before " << reserved << " after " << alloc->stats(0)->reserved_bytes.current);
+  CHECK(alloc->stats(0)->reserved_bytes.current == reserved);
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (void* q : held) REQUIRE_OK(alloc->deallocate(q));
+}
+
+namespace {
+// Records every stream capture_info is asked about.
+class CaptureInfoLog final : public capalloc::testing::ForwardingRuntime<DeviceRuntime> {
+ public:
+  using ForwardingRuntime::ForwardingRuntime;
+  absl::StatusOr<CaptureInfo> capture_info(StreamHandle s) override {
+    {
+      std::lock_guard lock(mu);
+      asked.push_back(s);
+    }
+    return in_->capture_info(s);
+  }
+  std::mutex mu;
+  std::vector<StreamHandle> asked;
+};
+}  // namespace
+
+TEST_CASE("orphans: freeing an orphan's block during a capture asks nothing of its dead stream",
+          "[orphan]") {
+  // A free the tracker must hear of asks the block's stream for its capture
+  // position. An orphan's stream is gone: a CUDA call on a destroyed
+  // stream's handle is undefined, and on kNoStream worse.
+  auto host = host_runtime();
+  auto rt = std::make_shared<CaptureInfoLog>(host);
+  auto alloc = make_allocator(rt);
+  auto tracker = *CaptureTracker::create(*alloc);
+  StreamHandle x = *rt->create_stream(0), c = *rt->create_stream(0);
+  auto p = alloc->allocate(4096, 0, x);
+  REQUIRE_OK(p);
+  REQUIRE_OK(rt->destroy_stream(x));
+  auto pool = alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  REQUIRE_OK(tracker->begin_capture(0, c, {.pool = *pool}));  // a route: frees are told
+  {
+    std::lock_guard lock(rt->mu);
+    rt->asked.clear();
+  }
+  REQUIRE_OK(alloc->deallocate(*p));
+  {
+    std::lock_guard lock(rt->mu);
+    for (StreamHandle s : rt->asked) {
+      CHECK(s != x);
+      CHECK(s != kNoStream);
+    }
+  }
+  auto done = tracker->end_capture(c);
+  REQUIRE_OK(done);
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(tracker->destroy_graph(done->graph));
+  REQUIRE_OK(alloc->release_graph_pool(*pool));
 }

@@ -130,13 +130,21 @@ struct AllocatorStats {
 
 enum class BlockState { kAllocated, kFree, kPendingFree };
 
+// The stream a block or segment reports once the stream that owned its
+// segment was destroyed: the segment is an orphan, owned by no stream, until
+// a stream that needs a new segment adopts it (docs/design.md, "Stream
+// lifetimes"). Never a real stream: CUDA and HIP hand a destroyed stream's
+// handle to the next stream created, and that stream owns nothing of the
+// old one's.
+inline constexpr StreamHandle kNoStream = ~StreamHandle{0};
+
 // A copy of what the allocator knows about one block.
 struct BlockInfo {
   const void* ptr = nullptr;
   std::size_t size = 0;       // rounded size
   std::size_t requested = 0;  // size asked for
   int device = 0;
-  StreamHandle stream = kDefaultStream;
+  StreamHandle stream = kDefaultStream;  // its segment's stream (kNoStream: an orphan's)
   BlockState state = BlockState::kAllocated;
   Lifetime lifetime = Lifetime::kTransient;
   // The block's tag, viewing capalloc's process-wide table of interned tags:
@@ -156,7 +164,7 @@ struct SegmentInfo {
   const void* base = nullptr;
   std::size_t size = 0;
   int device = 0;
-  StreamHandle stream = kDefaultStream;  // the stream owning the segment
+  StreamHandle stream = kDefaultStream;  // the stream owning the segment (kNoStream: none)
   PoolHandle pool = kDefaultPool;
   std::vector<BlockInfo> blocks;
 };
