@@ -20,16 +20,12 @@
 
 using namespace capalloc;
 using capalloc::testing::host_runtime;
+using capalloc::testing::overlaps;
 using capalloc::testing::ReusingRuntime;
 using capalloc::testing::slow_fill;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-bool overlaps(void* a, std::size_t an, void* b, std::size_t bn) {
-  auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + bn && y < x + an;
-}
 
 std::unique_ptr<Allocator> allocator_on(std::shared_ptr<MemoryRuntime> rt) {
   auto created = Allocator::create(std::move(rt));

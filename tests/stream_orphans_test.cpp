@@ -22,16 +22,12 @@
 
 using namespace capalloc;
 using capalloc::testing::host_runtime;
+using capalloc::testing::overlaps;
 using capalloc::testing::make_allocator;
 using capalloc::testing::slow_fill;
 
 namespace {
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-bool overlaps(void* a, std::size_t an, void* b, std::size_t bn) {
-  auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + bn && y < x + an;
-}
 }  // namespace
 
 TEST_CASE("orphans: a small oversize request leaves a huge orphan for the out-of-memory retry",

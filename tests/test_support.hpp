@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -71,6 +72,12 @@ inline KernelLaunch slow_fill(void* p, std::size_t bytes, int value,
     std::memset(p, value, bytes);
   };
   return k;
+}
+
+// Whether [a, a + an) and [b, b + bn) share a byte.
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
 }
 
 // Writes a cookie derived from `seed` over the first `bytes` (up to 256) of p.
