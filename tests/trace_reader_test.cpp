@@ -54,7 +54,7 @@ TEST_CASE("a trace decodes into dense slots, streams and pools") {
   CHECK(trace->operations() == 5);
   CHECK(trace->slots == 3);  // id 72 reuses the slot id 70 freed
   CHECK(trace->peak_requested_bytes == 400);
-  CHECK(trace->stream_ids == std::vector<std::int64_t>{0, 9});
+  CHECK(trace->stream_ids == std::vector<std::uint64_t>{0, 9});
   CHECK(trace->pools == std::vector<std::string>{"p"});
   CHECK(trace->captures == 1);
   CHECK(trace->replays == 1);
@@ -126,6 +126,21 @@ TEST_CASE("ill-typed members, unknown ops and other devices are refused") {
              Catch::Contains("t.jsonl:2: unknown op \"resize\""));
   CHECK_THAT(refusal(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": 0, "device": 1})"),
              Catch::Contains("t.jsonl:2: device 1"));
+}
+
+TEST_CASE("a stream is any unsigned 64-bit handle, kNoStream included; a negative one is refused") {
+  // capalloc writes kNoStream (2^64 - 1) for a live block of a destroyed
+  // stream's segment when a trace starts: its own traces must read back.
+  auto trace = parse(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": 18446744073709551615})"
+                               "\n" R"({"op": "alloc", "id": 2, "size": 8, "stream": 140737488355328})"
+                               "\n" R"({"op": "free", "id": 1})");
+  REQUIRE(trace.ok());
+  CHECK(trace->stream_ids ==
+        std::vector<std::uint64_t>{0, 18446744073709551615ull, 140737488355328ull});
+  CHECK_THAT(refusal(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": -3})"),
+             Catch::Contains("t.jsonl:2: stream -3 is negative"));
+  CHECK_THAT(refusal(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": 1.5})"),
+             Catch::Contains("t.jsonl:2: member \"stream\" must be an integer"));
 }
 
 TEST_CASE("capture events out of order are refused, naming the line") {

@@ -60,7 +60,7 @@ class Decoder {
   std::unordered_map<std::int64_t, std::uint32_t> live_;  // trace id -> slot
   std::unordered_map<std::uint32_t, std::uint64_t> live_sizes_;  // slot -> size
   std::vector<std::uint32_t> free_slots_;
-  std::unordered_map<std::int64_t, std::uint32_t> streams_;  // trace stream -> dense
+  std::unordered_map<std::uint64_t, std::uint32_t> streams_;  // trace stream -> dense
   std::unordered_map<std::uint32_t, std::int64_t> capturing_;  // dense stream -> capture id
   std::unordered_map<std::int64_t, CaptureEntry> captures_;
   std::unordered_map<std::string, std::uint32_t> pools_;
@@ -118,15 +118,23 @@ absl::StatusOr<std::int64_t> Decoder::integer(const Json& object, const char* me
 }
 
 absl::StatusOr<std::uint32_t> Decoder::stream(const Json& object) {
-  auto id = integer(object, "stream");
-  if (!id.ok()) return id.status();
-  if (*id < 0) return error(absl::StrCat("stream ", *id, " is negative"));
+  // A stream handle, any 64-bit unsigned value: capalloc's own traces write
+  // kNoStream (2^64 - 1) for a block of a destroyed stream's segment.
+  const auto found = object.find("stream");
+  if (found == object.end()) return error("member \"stream\" is missing");
+  if (!found->is_number_integer()) {
+    return error(absl::StrCat("member \"stream\" must be an integer, not ", found->dump()));
+  }
+  if (!found->is_number_unsigned() && found->get<std::int64_t>() < 0) {
+    return error(absl::StrCat("stream ", found->get<std::int64_t>(), " is negative"));
+  }
+  const auto id = found->get<std::uint64_t>();
   if (streams_.empty()) {  // the default stream is always dense stream 0
     streams_.emplace(0, 0);
     trace_.stream_ids.push_back(0);
   }
-  auto [it, inserted] = streams_.emplace(*id, static_cast<std::uint32_t>(streams_.size()));
-  if (inserted) trace_.stream_ids.push_back(*id);
+  auto [it, inserted] = streams_.emplace(id, static_cast<std::uint32_t>(streams_.size()));
+  if (inserted) trace_.stream_ids.push_back(id);
   return it->second;
 }
 

@@ -72,7 +72,7 @@ struct Trace {
   std::vector<TraceOp> ops;
   std::vector<std::uint32_t> op_lines;   // the line of each of ops, for messages
   std::size_t slots = 0;                 // most blocks live at once
-  std::vector<std::int64_t> stream_ids;  // dense stream -> the trace's stream number
+  std::vector<std::uint64_t> stream_ids;  // dense stream -> the trace's stream number
   std::size_t captures = 0;
   std::vector<std::string> pools;        // dense pool -> its name
   std::size_t allocs = 0;

@@ -109,7 +109,7 @@
       const Y = function (a) { return y0 + (a - seg.base) / seg.size * bandH; };
       root.append(svg('text', { x: 4, y: y0 + 12, class: 'mono' }, hex(seg.base)));
       root.append(svg('text', { x: 4, y: y0 + 26, class: 'muted' }, (seg.rebuilt ? 'range ' : 'segment ') + human(seg.size)));
-      if (seg.stream !== undefined) root.append(svg('text', { x: 4, y: y0 + 40, class: 'muted' }, 'stream ' + (seg.stream === 0 ? 'default' : hex(seg.stream))));
+      if (seg.stream !== undefined) root.append(svg('text', { x: 4, y: y0 + 40, class: 'muted' }, 'stream ' + streamName(seg.stream)));
       root.append(svg('text', { x: 4, y: y0 + bandH - 2, class: 'mono muted' }, hex(seg.base + seg.size)));
       plot.insertBefore(svg('rect', { x: LEFT, y: y0, width: width - LEFT - RIGHT, height: bandH, class: 'band' }), plot.firstChild);
       // Free space at the snapshot's moment (dashed).

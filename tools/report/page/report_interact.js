@@ -87,7 +87,7 @@
       ['size', human(b.size) + (b.requested && b.requested !== b.size ? ' (' + human(b.requested) + ' requested)' : '')],
       ['lifetime', b.lifetime + (b.poolIsGraph ? ', in a graph pool' : '')],
       ['state', b.state === 'freed' ? 'freed' : b.state.replace('_', ' ')],
-      ['stream', b.stream === 0 ? 'default' : (b.stream !== undefined ? hex(b.stream) : '')],
+      ['stream', streamName(b.stream)],
       ['capture', b.capture ? (cap ? cap.label + ' (capture ' + b.capture + ')' : 'capture ' + b.capture) : 'none'],
       ['allocated', b.fromSnapshot && !model.hasTrace ? 'before the snapshot' : when(b.start, b.t0)],
       ['freed', b.end === null ? (b.state === 'pending_free' ? 'pending' : 'still live') : when(b.end, b.t1)],

@@ -14,6 +14,14 @@ const CapallocReport = (function () {
     return parseInt(value, 16);
   }
   function hex(n) { return '0x' + Math.round(n).toString(16); }
+  // A stream handle as the page names it. kNoStream (2^64 - 1, a number JSON
+  // gives as 2^64): the segment of a destroyed stream no stream adopted yet.
+  function streamName(s) {
+    if (s === undefined) return '';
+    if (s === 0) return 'default';
+    if (s >= 18446744073709549568) return 'none (destroyed)';
+    return hex(s);
+  }
   function human(bytes) {
     if (bytes === undefined || bytes === null || isNaN(bytes)) return '?';
     const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
@@ -252,6 +260,6 @@ const CapallocReport = (function () {
   }
 
 
-  return { addr: addr, hex: hex, human: human, duration: duration, lifetimeClass: lifetimeClass,
+  return { addr: addr, hex: hex, streamName: streamName, human: human, duration: duration, lifetimeClass: lifetimeClass,
     buildModel: buildModel };
 })();

@@ -17,7 +17,7 @@
   const BAND_GAP = 10;
   const BASE_BAND = 150; // px per segment at vertical zoom 1
 
-  const { hex, human, duration, lifetimeClass, buildModel } = CapallocReport;
+  const { hex, streamName, human, duration, lifetimeClass, buildModel } = CapallocReport;
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
