@@ -177,6 +177,9 @@ absl::Status Allocator::start_trace(std::string_view path) {
   }
   auto trace = detail::EventTrace::open(path, static_cast<int>(m.devices.size()));
   if (!trace.ok()) return trace.status();
+  // Destroyed streams' blocks are written with kNoStream, not a handle
+  // a new stream may hold by now.
+  m.apply_runtime_reports();
   // The blocks live now, as allocs, so that every later free names a block
   // the trace introduced.
   std::vector<const Block*> live;

@@ -282,7 +282,9 @@ void Pool::orphan_stream(StreamHandle stream) {
 
 Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
                               std::size_t rounded, std::size_t requested) {
-  if (orphans_.empty()) return nullptr;
+  // Only the default pool's: a graph pool's orphan may hold memory a graph
+  // writes, which no capture may take without the tracker's say.
+  if (orphans_.empty() || is_graph_pool()) return nullptr;
   const SizeClass size_class = policy_.class_of(rounded);
   // The smallest fully free orphan of the class that holds what a new
   // segment would. An oversize one at most 1/8 larger than that: a larger

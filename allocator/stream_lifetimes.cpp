@@ -109,15 +109,22 @@ void Allocator::Impl::apply_gone_streams() {
     // adopt (Pool::take_from_orphan) until empty_cache or an out-of-memory
     // retry gives them back: releasing them here would synchronize the
     // device inside whatever allocator call applies the report.
-    for (StreamHandle stream : streams) devices[d].default_pool->orphan_stream(stream);
+    // Graph pools' segments of the streams belong to no stream either (a
+    // free of their blocks then asks the dead stream nothing, and a stream
+    // given its handle owns none of them), but no capture adopts them: a
+    // graph may still write there (Pool::take_from_orphan serves the
+    // default pool only).
+    for (StreamHandle stream : streams) {
+      devices[d].default_pool->orphan_stream(stream);
+      for (auto& [handle, pool] : devices[d].graph_pools) pool->orphan_stream(stream);
+    }
     if (!events_allowed(d)) continue;  // a capture is routed: no release now
     std::vector<detail::Pool*> unreferenced;
     for (auto& [handle, pool] : devices[d].graph_pools) {
       if (!pool->referenced()) unreferenced.push_back(pool.get());
     }
-    for (StreamHandle stream : streams) {
-      for (detail::Pool* pool : unreferenced) release_segments(d, *pool, stream).IgnoreError();
-    }
+    // Their fully free orphans, those of earlier reports included.
+    for (detail::Pool* pool : unreferenced) release_segments(d, *pool, kNoStream).IgnoreError();
     // A pool kept only for its segments goes with the last of them.
     for (detail::Pool* pool : unreferenced) maybe_destroy_pool(pool);
   }

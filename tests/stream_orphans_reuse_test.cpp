@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "capalloc/allocator.hpp"
 #include "reusing_runtime.hpp"
@@ -181,4 +182,51 @@ TEST_CASE("orphans: blocks and segments report no stream until adopted", "[orpha
   for (const SegmentInfo& s : alloc->segments(0)) CHECK(s.stream != kNoStream);
   REQUIRE_OK(alloc->deallocate(*adopted));
   REQUIRE_OK(alloc->CheckInvariants());
+}
+
+namespace {
+struct RecordingListener final : CaptureListener {
+  std::vector<BlockEvent> events;
+  void on_block_event(const BlockEvent& e) override { events.push_back(e); }
+};
+}  // namespace
+
+TEST_CASE("orphans: a graph output of a dead stream is not freed into a capture of its handle",
+          "[orphan][reuse][graph]") {
+  // The free of a capture's block tells the listener the capture position
+  // of the block's stream. The stream is dead and its handle now names a
+  // new stream in an unrelated capture: that capture must not be named
+  // (the tracker would take the block for one freed inside it).
+  auto host = host_runtime();
+  auto rt = std::make_shared<ReusingRuntime>(host);
+  auto alloc = allocator_on(rt);
+  RecordingListener heard;
+  REQUIRE_OK(alloc->set_capture_listener(&heard));
+  const StreamHandle h = *host->create_stream(0);
+  auto pool = alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  auto first = host->begin_capture(h, CaptureMode::kThreadLocal);
+  REQUIRE_OK(first);
+  REQUIRE_OK(alloc->begin_allocate_to_pool(0, *first, *pool, h));
+  auto out = alloc->allocate(4096, 0, h);
+  REQUIRE_OK(out);
+  auto g1 = host->end_capture(h);
+  REQUIRE_OK(g1);
+  REQUIRE_OK(alloc->end_allocate_to_pool(*first));
+  rt->retire_and_reuse(h);
+  auto second = host->begin_capture(h, CaptureMode::kRelaxed);  // the new stream's, unrouted
+  REQUIRE_OK(second);
+  heard.events.clear();
+  REQUIRE_OK(alloc->deallocate(*out));
+  REQUIRE(heard.events.size() == 1);
+  INFO("free reported in capture " << heard.events[0].capture << "; the new stream's is "
+                                   << *second);
+  CHECK(heard.events[0].capture == 0);
+  CHECK(heard.events[0].block.stream == kNoStream);
+  auto g2 = host->end_capture(h);
+  REQUIRE_OK(alloc->CheckInvariants());
+  if (g2.ok()) REQUIRE_OK(host->destroy_graph(*g2));
+  REQUIRE_OK(host->destroy_graph(*g1));
+  REQUIRE_OK(alloc->release_graph_pool(*pool));
+  REQUIRE_OK(alloc->set_capture_listener(nullptr));
 }

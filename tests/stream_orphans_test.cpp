@@ -7,11 +7,17 @@
 // new stream given the dead one's handle keep allocating from the orphans,
 // let a small request pin a huge orphan, and counted orphans in the
 // oversize cached-share rule.
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -367,4 +373,95 @@ TEST_CASE("orphans: freeing an orphan's block during a capture asks nothing of i
   REQUIRE_OK(alloc->CheckInvariants());
   REQUIRE_OK(tracker->destroy_graph(done->graph));
   REQUIRE_OK(alloc->release_graph_pool(*pool));
+}
+
+namespace {
+struct RecordingListener final : CaptureListener {
+  std::vector<BlockEvent> events;
+  void on_block_event(const BlockEvent& e) override { events.push_back(e); }
+};
+}  // namespace
+
+TEST_CASE("orphans: a graph pool's block of a destroyed stream is freed asking that stream nothing",
+          "[orphan][graph]") {
+  // A graph pool keeps a dead stream's segments while a graph references
+  // them; they belong to no stream from the report on, like the default
+  // pool's orphans, but no capture adopts them (a graph may write there).
+  auto host = host_runtime();
+  auto rt = std::make_shared<CaptureInfoLog>(host);
+  auto alloc = make_allocator(rt);
+  RecordingListener heard;
+  REQUIRE_OK(alloc->set_capture_listener(&heard));
+  const StreamHandle s = *host->create_stream(0), t = *host->create_stream(0);
+  auto pool = alloc->create_graph_pool(0);
+  REQUIRE_OK(pool);
+  auto cap = host->begin_capture(s, CaptureMode::kThreadLocal);
+  REQUIRE_OK(cap);
+  REQUIRE_OK(alloc->begin_allocate_to_pool(0, *cap, *pool, s));
+  auto out = alloc->allocate(4096, 0, s);  // a graph output
+  auto scratch = alloc->allocate(8192, 0, s);
+  REQUIRE_OK(out);
+  REQUIRE_OK(scratch);
+  REQUIRE_OK(alloc->deallocate(*scratch));
+  auto g = host->end_capture(s);
+  REQUIRE_OK(g);
+  REQUIRE_OK(alloc->end_allocate_to_pool(*cap));
+  REQUIRE_OK(rt->destroy_stream(s));
+  REQUIRE_OK(alloc->empty_cache());  // applies the report; the pool is referenced: kept
+  CHECK(alloc->block_info(*out)->stream == kNoStream);
+  {
+    std::lock_guard lock(rt->mu);
+    rt->asked.clear();
+  }
+  heard.events.clear();
+  REQUIRE_OK(alloc->deallocate(*out));
+  {
+    std::lock_guard lock(rt->mu);
+    for (StreamHandle asked : rt->asked) CHECK(asked != s);
+  }
+  REQUIRE(heard.events.size() == 1);
+  CHECK(heard.events[0].capture == 0);
+  REQUIRE_OK(alloc->CheckInvariants());
+  // A capture on another stream into the same pool does not take the dead
+  // stream's (now fully free) segment: the graph may still write there.
+  const std::int64_t reserved = alloc->pool_stats(*pool)->reserved_bytes.current;
+  auto cap2 = host->begin_capture(t, CaptureMode::kThreadLocal);
+  REQUIRE_OK(cap2);
+  REQUIRE_OK(alloc->begin_allocate_to_pool(0, *cap2, *pool, t));
+  auto other = alloc->allocate(4096, 0, t);
+  REQUIRE_OK(other);
+  CHECK(alloc->pool_stats(*pool)->reserved_bytes.current > reserved);
+  REQUIRE_OK(alloc->deallocate(*other));
+  auto g2 = host->end_capture(t);
+  REQUIRE_OK(g2);
+  REQUIRE_OK(alloc->end_allocate_to_pool(*cap2));
+  REQUIRE_OK(alloc->CheckInvariants());
+  REQUIRE_OK(host->destroy_graph(*g));
+  REQUIRE_OK(host->destroy_graph(*g2));
+  REQUIRE_OK(alloc->release_graph_pool(*pool));
+  REQUIRE_OK(alloc->set_capture_listener(nullptr));
+  REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("orphans: a trace started after a destroy writes the orphan's blocks with kNoStream",
+          "[orphan][trace]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  const StreamHandle s = *rt->create_stream(0);
+  auto p = alloc->allocate(4096, 0, s);
+  REQUIRE_OK(p);
+  REQUIRE_OK(rt->destroy_stream(s));
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       ("capalloc_orphan_trace_" + std::to_string(::getpid()) + ".jsonl"))
+          .string();
+  REQUIRE_OK(alloc->start_trace(path));  // applies the report before writing the live blocks
+  REQUIRE_OK(alloc->stop_trace());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove(path);
+  INFO(text.str());
+  CHECK(text.str().find("\"stream\": 18446744073709551615") != std::string::npos);
+  REQUIRE_OK(alloc->deallocate(*p));
 }

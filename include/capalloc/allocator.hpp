@@ -130,14 +130,6 @@ struct AllocatorStats {
 
 enum class BlockState { kAllocated, kFree, kPendingFree };
 
-// The stream a block or segment reports once the stream that owned its
-// segment was destroyed: the segment is an orphan, owned by no stream, until
-// a stream that needs a new segment adopts it (docs/design.md, "Stream
-// lifetimes"). Never a real stream: CUDA and HIP hand a destroyed stream's
-// handle to the next stream created, and that stream owns nothing of the
-// old one's.
-inline constexpr StreamHandle kNoStream = ~StreamHandle{0};
-
 // A copy of what the allocator knows about one block.
 struct BlockInfo {
   const void* ptr = nullptr;

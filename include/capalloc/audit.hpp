@@ -54,7 +54,7 @@ struct LiveBlock {
   std::size_t requested = 0;  // bytes asked for
   std::uint64_t sequence = 0;
   int device = 0;
-  StreamHandle stream = kDefaultStream;
+  StreamHandle stream = kDefaultStream;  // its segment's (kNoStream: its stream was destroyed)
 };
 
 // The live blocks of one (tag, site).

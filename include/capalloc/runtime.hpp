@@ -65,6 +65,12 @@ constexpr std::string_view runtime_kind_name(RuntimeKind kind) {
 // handles, for the cuda/hip runtimes the native cudaStream_t/hipStream_t.
 using StreamHandle = std::uintptr_t;
 inline constexpr StreamHandle kDefaultStream = 0;
+// The stream the allocator reports for a block or segment whose stream was
+// destroyed: the segment is an orphan, owned by no stream, until a stream
+// that needs a new segment adopts it (docs/design.md, "Stream lifetimes").
+// Never a real stream: CUDA and HIP hand a destroyed stream's handle to the
+// next stream created, and that stream owns nothing of the old one's.
+inline constexpr StreamHandle kNoStream = ~StreamHandle{0};
 
 // An event (native cudaEvent_t/hipEvent_t on GPU runtimes).
 using EventHandle = std::uintptr_t;
