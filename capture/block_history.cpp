@@ -16,7 +16,7 @@ const BlockHistory::AllIndex& BlockHistory::LazyAddressIndex::folded() const {
 
 Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t alloc_tick,
                             bool freed_next) {
-  return occupants_[note_index(device, block, alloc_tick, freed_next)];
+  return *slots_[note_index(device, block, alloc_tick, freed_next)];
 }
 
 std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
@@ -26,6 +26,7 @@ std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uin
   if (!fresh) return it->second;
   const std::size_t index = it->second;
   Occupant& o = occupants_.emplace_back();
+  slots_.push_back(&o);
   o.block = block;
   o.alloc_tick = alloc_tick;
   o.device = device;
@@ -50,7 +51,7 @@ std::size_t BlockHistory::note_in_batch(int device, const BlockRef& block,
 }
 
 void BlockHistory::index_if_live(std::size_t index) {
-  Occupant& o = occupants_[index];
+  Occupant& o = *slots_[index];
   if (o.live() && !o.live_indexed) index_live(o.device, o, index);
 }
 
@@ -60,11 +61,11 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   // keeps each freed list in tick order (prune relies on it).
   assert(free_tick > 0);
   const std::size_t index = note_index(device, block, 0, /*freed_next=*/false);
-  Occupant& o = occupants_[index];
+  Occupant& o = *slots_[index];
   if (!o.live()) return;  // already recorded
   DeviceIndex& d = devices_[device];
   assert(o.device == device);
-  assert(d.freed.empty() || occupants_[d.freed.back()].free_tick <= free_tick);
+  assert(d.freed.empty() || slots_[d.freed.back()]->free_tick <= free_tick);
   o.free_tick = free_tick;
   o.freed_in_capture = capture;
   o.freed_at = position;
@@ -101,12 +102,15 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
     }
   }
   occupants_ = std::move(occupants);
+  slots_.clear();
+  slots_.reserve(occupants_.size());
+  for (Occupant& o : occupants_) slots_.push_back(&o);
   visited_ += occupants_.size();
   by_sequence_.clear();
   by_sequence_.reserve(occupants_.size());
   devices_.clear();
   for (std::size_t i = 0; i < occupants_.size(); ++i) {
-    Occupant& o = occupants_[i];
+    Occupant& o = *slots_[i];
     const int device = o.device;
     by_sequence_.emplace(o.block.sequence, i);
     devices_[device].all.add(o.block.span().begin(), o.block.size, i);
@@ -131,7 +135,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
 void BlockHistory::forget_live(int device, std::uint64_t sequence) {
   auto it = by_sequence_.find(sequence);
   if (it == by_sequence_.end()) return;
-  Occupant& o = occupants_[it->second];
+  Occupant& o = *slots_[it->second];
   if (!o.live()) return;
   // Tick 1 is before every capture's begin tick, and the occupant stays out
   // of the `freed` list, which is kept in tick order for recent frees.
@@ -146,7 +150,7 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
 
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
   auto it = by_sequence_.find(sequence);
-  return it == by_sequence_.end() ? nullptr : &occupants_[it->second];
+  return it == by_sequence_.end() ? nullptr : slots_[it->second];
 }
 
 std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan span) const {
@@ -154,7 +158,7 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   auto d = devices_.find(device);
   if (d == devices_.end()) return out;
   d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
-    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+    if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
   std::sort(out.begin(), out.end(), [](const Occupant* a, const Occupant* b) {
     return a->block.sequence < b->block.sequence;
@@ -169,7 +173,7 @@ std::vector<const Occupant*> BlockHistory::chain(int device, MemorySpan span,
   auto d = devices_.find(device);
   if (d == devices_.end() || links == 0) return out;
   d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
-    const Occupant& o = occupants_[i];
+    const Occupant& o = *slots_[i];
     if (o.block.sequence >= first && o.block.sequence <= last && o.block.span().overlaps(span)) {
       out.push_back(&o);
     }
@@ -193,7 +197,7 @@ void BlockHistory::live_overlapping(int device, MemorySpan span,
   auto d = devices_.find(device);
   if (d == devices_.end()) return;
   d->second.live.for_overlapping(span, visited_, [&](std::size_t i) {
-    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+    if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
 }
 
@@ -207,7 +211,7 @@ void BlockHistory::live_outside_overlapping(int device, MemorySpan span,
   auto d = devices_.find(device);
   if (d == devices_.end()) return;
   d->second.live_outside.for_overlapping(span, visited_, [&](std::size_t i) {
-    if (occupants_[i].block.span().overlaps(span)) out.push_back(&occupants_[i]);
+    if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
 }
 
@@ -217,8 +221,8 @@ std::vector<const Occupant*> BlockHistory::freed_since(int device, std::uint64_t
   if (d == devices_.end()) return out;
   // Frees are recorded in tick order: walk back from the newest.
   const auto& freed = d->second.freed;
-  for (auto it = freed.rbegin(); it != freed.rend() && occupants_[*it].free_tick > tick; ++it) {
-    out.push_back(&occupants_[*it]);
+  for (auto it = freed.rbegin(); it != freed.rend() && slots_[*it]->free_tick > tick; ++it) {
+    out.push_back(slots_[*it]);
   }
   visited_ += out.size();
   std::reverse(out.begin(), out.end());
