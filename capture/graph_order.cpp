@@ -13,16 +13,17 @@ GraphOrder GraphOrder::capture_order() { return GraphOrder{}; }
 absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies) {
   GraphOrder order;
   order.from_edges_ = true;
-  order.depends_on_ = std::move(dependencies.depends_on);
-  const std::size_t n = order.depends_on_.size();
+  order.depends_on_ = std::move(dependencies);
+  const GraphDependencies& edges = order.depends_on_;
+  const std::size_t n = edges.size();
   // One stream's capture: each node depends on the one before it alone.
   // Then a runs before b iff a < b, and neither the sort nor the ancestor
   // sets are needed (the edges stay, for path()).
-  order.chain_ = std::all_of(order.depends_on_.begin(), order.depends_on_.end(),
-                             [&, i = std::size_t{0}](const std::vector<std::size_t>& d) mutable {
-                               const std::size_t at = i++;
-                               return at == 0 ? d.empty() : d.size() == 1 && d[0] == at - 1;
-                             });
+  order.chain_ = edges.edge_count() + 1 == n || n == 0;
+  for (std::size_t i = 0; order.chain_ && i < n; ++i) {
+    const auto d = edges.of(i);
+    order.chain_ = i == 0 ? d.empty() : d.size() == 1 && d[0] == i - 1;
+  }
   if (order.chain_) return order;
   // A topological order (Kahn), which also proves there is no cycle. The
   // runtimes list nodes in creation order, which is one already; this does
@@ -31,7 +32,7 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies
   std::vector<std::size_t> waiting(n, 0);
   std::vector<std::size_t> first(n + 1, 0);
   for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t d : order.depends_on_[i]) {
+    for (std::size_t d : edges.of(i)) {
       if (d >= n || d == i) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "graph order: node %d depends on node %d, which is %s", i, d,
@@ -46,7 +47,7 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies
   {
     std::vector<std::size_t> fill(first.begin(), first.end() - 1);
     for (std::size_t i = 0; i < n; ++i) {
-      for (std::size_t d : order.depends_on_[i]) dependents[fill[d]++] = i;
+      for (std::size_t d : edges.of(i)) dependents[fill[d]++] = i;
     }
   }
   std::vector<std::size_t> topological;
@@ -69,7 +70,7 @@ absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies
     order.ancestors_.assign(n * order.words_, 0);
     for (std::size_t i : topological) {
       std::uint64_t* mine = &order.ancestors_[i * order.words_];
-      for (std::size_t d : order.depends_on_[i]) {
+      for (std::size_t d : edges.of(i)) {
         const std::uint64_t* theirs = &order.ancestors_[d * order.words_];
         for (std::size_t w = 0; w < order.words_; ++w) mine[w] |= theirs[w];
         mine[d / 64] |= std::uint64_t{1} << (d % 64);
@@ -93,7 +94,7 @@ bool GraphOrder::walk_before(std::size_t a, std::size_t b) const {
   while (!stack.empty()) {
     const std::size_t at = stack.back();
     stack.pop_back();
-    for (std::size_t d : depends_on_[at]) {
+    for (std::size_t d : depends_on_.of(at)) {
       if (d == a) return true;
       if (!seen[d]) {
         seen[d] = true;
@@ -115,7 +116,7 @@ std::vector<std::size_t> GraphOrder::path(std::size_t a, std::size_t b) const {
   while (!queue.empty()) {
     const std::size_t at = queue.front();
     queue.pop_front();
-    for (std::size_t d : depends_on_[at]) {
+    for (std::size_t d : depends_on_.of(at)) {
       if (next_toward_b[d] != n) continue;
       next_toward_b[d] = at;
       if (d == a) {

@@ -56,7 +56,7 @@ class GraphOrder {
 
   bool from_edges_ = false;
   bool chain_ = false;  // node i depends on node i - 1 alone (i > 0)
-  std::vector<std::vector<std::size_t>> depends_on_;
+  GraphDependencies depends_on_;
   std::size_t words_ = 0;                  // 64-bit words per ancestor set
   std::vector<std::uint64_t> ancestors_;   // dense: node i's set at [i * words_]
 };

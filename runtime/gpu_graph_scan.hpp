@@ -216,8 +216,7 @@ absl::StatusOr<GraphDependencies> dependencies_of(typename Api::Graph graph,
   if (const typename Api::Error e = Api::graph_edges(graph, edges); e != Api::kSuccess) {
     return native_error<Api>(e, absl::StrCat(Api::kName, "GraphGetEdges"));
   }
-  GraphDependencies out;
-  out.depends_on.resize(nodes.size());
+  std::vector<std::vector<std::size_t>> lists(nodes.size());
   for (const auto& [from, to] : edges) {
     const auto f = position.find(from);
     const auto t = position.find(to);
@@ -225,9 +224,9 @@ absl::StatusOr<GraphDependencies> dependencies_of(typename Api::Graph graph,
       return absl::InternalError(absl::StrFormat(
           "graph_dependencies(%s): an edge names a node GraphGetNodes did not list", name));
     }
-    out.depends_on[t->second].push_back(f->second);
+    lists[t->second].push_back(f->second);
   }
-  return out;
+  return GraphDependencies::from_lists(lists);
 }
 
 }  // namespace capalloc::detail::gpu

@@ -62,7 +62,8 @@ absl::Status HostRuntime::submit(StreamHandle stream, GraphNode node) {
     CaptureMember& member = capture->members[stream];
     const std::size_t position = capture->nodes.ops.size();
     capture->nodes.ops.push_back(std::move(node));
-    capture->nodes.depends_on.push_back(std::exchange(member.dependencies, {position}));
+    capture->nodes.depends_on.add_node(member.dependencies);
+    member.dependencies = {position};
     ++member.own_nodes;
     publish(*capture);
     return absl::OkStatus();
@@ -324,12 +325,12 @@ absl::Status HostRuntime::launch_graph(GraphHandle graph, StreamHandle stream) {
       for (std::size_t i = 0; i < nodes->size(); ++i) {
         capture->nodes.ops.push_back(nodes->ops[i]);
         std::vector<std::size_t> deps;
-        if (nodes->depends_on[i].empty()) deps = member.dependencies;
-        for (std::size_t d : nodes->depends_on[i]) {
+        if (nodes->depends_on.of(i).empty()) deps = member.dependencies;
+        for (std::size_t d : nodes->depends_on.of(i)) {
           deps.push_back(offset + d);
           waited_for[d] = true;
         }
-        capture->nodes.depends_on.push_back(std::move(deps));
+        capture->nodes.depends_on.add_node(deps);
       }
       if (!nodes->ops.empty()) {
         member.dependencies.clear();
@@ -463,7 +464,7 @@ absl::StatusOr<GraphDependencies> HostRuntime::captured_graph_dependencies(std::
     std::lock_guard lock(mu_);
     auto found = captured_graph(graph, "captured_graph_dependencies");
     if (!found.ok()) return found.status();
-    return GraphDependencies{.depends_on = (*found)->depends_on};
+    return (*found)->depends_on;
   });
 }
 
@@ -475,7 +476,7 @@ absl::StatusOr<GraphDependencies> HostRuntime::graph_dependencies(GraphHandle gr
       return absl::NotFoundError(absl::StrFormat(
           "graph_dependencies: graph %d not found (never created or already destroyed)", graph));
     }
-    return GraphDependencies{.depends_on = found->second->depends_on};
+    return found->second->depends_on;
   });
 }
 
@@ -495,7 +496,7 @@ absl::StatusOr<std::vector<std::size_t>> HostRuntime::replay_order(const GraphNo
     if (valid) rank[order[r]] = r;
   }
   for (std::size_t i = 0; valid && i < graph.size(); ++i) {
-    for (std::size_t d : graph.depends_on[i]) valid = valid && rank[d] < rank[i];
+    for (std::size_t d : graph.depends_on.of(i)) valid = valid && rank[d] < rank[i];
   }
   if (!valid) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -71,7 +71,7 @@ using GraphNode = std::variant<KernelLaunch, MemsetNode, MemcpyNode>;
 // own).
 struct GraphNodes {
   std::vector<GraphNode> ops;
-  std::vector<std::vector<std::size_t>> depends_on;
+  GraphDependencies depends_on;
   std::size_t size() const { return ops.size(); }
 };
 

@@ -124,11 +124,15 @@ TEST_CASE("graph order: a chain answers as the same order built from ancestor se
   const std::size_t n = 40;
   GraphDependencies chain, redundant;
   for (std::size_t i = 0; i < n; ++i) {
-    chain.depends_on.push_back(i == 0 ? std::vector<std::size_t>{} : std::vector{i - 1});
+    if (i == 0) {
+      chain.add_node({});
+    } else {
+      chain.add_node({i - 1});
+    }
     std::vector<std::size_t> d;
     if (i >= 1) d.push_back(i - 1);
     if (i >= 2) d.push_back(i - 2);  // implied by the chain: not a chain's shape
-    redundant.depends_on.push_back(d);
+    redundant.add_node(d);
   }
   auto fast = capalloc::detail::GraphOrder::from_edges(chain);
   auto general = capalloc::detail::GraphOrder::from_edges(redundant);
@@ -150,14 +154,14 @@ TEST_CASE("graph order: a chain answers as the same order built from ancestor se
 
 TEST_CASE("graph order: only a chain takes the chain's answers", "[graph_order]") {
   // 0 <- 1, 0 <- 2: a fork; 1 and 2 are unordered though 1 < 2.
-  GraphDependencies fork{{{}, {0}, {0}}};
+  const auto fork = GraphDependencies::from_lists({{}, {0}, {0}});
   auto order = capalloc::detail::GraphOrder::from_edges(fork);
   REQUIRE_OK(order);
   CHECK(order->before(0, 2));
   CHECK_FALSE(order->before(1, 2));
   CHECK(order->unordered(1, 2));
   // A chain's shape with a bad edge is refused, not taken as a chain.
-  GraphDependencies bad{{{}, {0}, {5}}};
+  const auto bad = GraphDependencies::from_lists({{}, {0}, {5}});
   CHECK(capalloc::detail::GraphOrder::from_edges(bad).status().code() ==
         absl::StatusCode::kInvalidArgument);
 }
@@ -168,9 +172,13 @@ TEST_CASE("graph order: a chain longer than the dense limit answers without walk
   // a chain answers at once, so a million questions stay cheap.
   const std::size_t n = capalloc::detail::GraphOrder::kDenseLimit * 3;
   GraphDependencies chain;
-  chain.depends_on.reserve(n);
+  chain.reserve(n, n - 1);
   for (std::size_t i = 0; i < n; ++i) {
-    chain.depends_on.push_back(i == 0 ? std::vector<std::size_t>{} : std::vector{i - 1});
+    if (i == 0) {
+      chain.add_node({});
+    } else {
+      chain.add_node({i - 1});
+    }
   }
   auto order = capalloc::detail::GraphOrder::from_edges(std::move(chain));
   REQUIRE_OK(order);

@@ -135,7 +135,7 @@ TEST_CASE("errors: host runtime watch_capture_graph needs a function and an acti
 TEST_CASE("errors: a host runtime replay order that breaks the graph's edges launches nothing",
           "[errors][runtime]") {
   HostRuntimeOptions options;
-  options.replay_order = [](const std::vector<std::vector<std::size_t>>& deps) {
+  options.replay_order = [](const capalloc::GraphDependencies& deps) {
     std::vector<std::size_t> order(deps.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // reversed
     return order;

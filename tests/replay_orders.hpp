@@ -119,8 +119,8 @@ struct ReplayOrder {
 // Host runtime options whose replays follow `control`.
 inline HostRuntimeOptions ordered_host_options(std::shared_ptr<ReplayOrder> control) {
   HostRuntimeOptions options;
-  options.replay_order = [control](const std::vector<std::vector<std::size_t>>& deps) {
-    return control->order(deps);
+  options.replay_order = [control](const GraphDependencies& deps) {
+    return control->order(deps.lists());
   };
   return options;
 }

@@ -40,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "capalloc/export.h"
 
 namespace capalloc {
@@ -145,6 +146,59 @@ struct GraphWrite {
   AccessMode mode = AccessMode::kWrite;
 };
 
+// The order a graph's replays respect: node i (by position, the index
+// GraphWrite::position uses) directly depends on the nodes of(i), each
+// earlier in capture order. A replay runs a node after every node it
+// depends on; two nodes that no path of these edges orders may run in either
+// order, or at once. Edges that order nothing (CUDA's programmatic edges) are
+// left out.
+//
+// The lists lie end to end in one array (compressed rows): listing a graph's
+// edges costs two allocations, not one per node. Edges are not checked here
+// (GraphOrder checks them where it builds an order from them).
+class GraphDependencies {
+ public:
+  GraphDependencies() = default;
+  // From one list per node: lists[i] are the nodes node i depends on.
+  static GraphDependencies from_lists(const std::vector<std::vector<std::size_t>>& lists) {
+    GraphDependencies out;
+    out.ends_.reserve(lists.size());
+    for (const auto& list : lists) out.add_node(list);
+    return out;
+  }
+  // Appends the next node, depending on `nodes` (kept in the order given).
+  void add_node(absl::Span<const std::size_t> nodes) {
+    edges_.insert(edges_.end(), nodes.begin(), nodes.end());
+    ends_.push_back(edges_.size());
+  }
+  void reserve(std::size_t nodes, std::size_t edges) {
+    ends_.reserve(nodes);
+    edges_.reserve(edges);
+  }
+  std::size_t size() const { return ends_.size(); }
+  bool empty() const { return ends_.empty(); }
+  std::size_t edge_count() const { return edges_.size(); }
+  // The nodes `node` depends on; node < size().
+  absl::Span<const std::size_t> of(std::size_t node) const {
+    const std::size_t begin = node == 0 ? 0 : ends_[node - 1];
+    return {edges_.data() + begin, ends_[node] - begin};
+  }
+  // One list per node (for tests and tools; queries use of()).
+  std::vector<std::vector<std::size_t>> lists() const {
+    std::vector<std::vector<std::size_t>> out;
+    out.reserve(size());
+    for (std::size_t i = 0; i < size(); ++i) out.emplace_back(of(i).begin(), of(i).end());
+    return out;
+  }
+  friend bool operator==(const GraphDependencies& a, const GraphDependencies& b) {
+    return a.ends_ == b.ends_ && a.edges_ == b.edges_;
+  }
+
+ private:
+  std::vector<std::size_t> ends_;   // node i's edges end at ends_[i]
+  std::vector<std::size_t> edges_;  // every node's list, end to end
+};
+
 // A kernel launch. The host runtime runs `host_body` on the stream's worker;
 // GPU runtimes call `device_body` with the native stream so that the caller
 // enqueues its own kernel there. `reads`, `writes`, `updates` and `state`
@@ -155,16 +209,6 @@ struct GraphWrite {
 // The runtime keeps the KernelLaunch (by value) until the operation has run;
 // a graph keeps it until the graph is destroyed, exactly as CUDA keeps
 // kernel arguments by value.
-// The order a graph's replays respect. Entry i lists the nodes that node i
-// (by position: the index GraphWrite::position uses) directly depends on,
-// each earlier in capture order. A replay runs a node after every node it
-// depends on; two nodes that no path of these edges orders may run in either
-// order, or at once. Edges that order nothing (CUDA's programmatic edges) are
-// left out.
-struct GraphDependencies {
-  std::vector<std::vector<std::size_t>> depends_on;
-};
-
 struct KernelLaunch {
   std::string name{};
   // The kernel's parameter buffer, as CUDA keeps kernelParams: each parameter
@@ -225,11 +269,14 @@ class CAPALLOC_API MemoryRuntime {
   }
   // Waits for the stream's work, then destroys it.
   virtual absl::Status destroy_stream(StreamHandle stream) = 0;
-  // Calls `on_destroyed(stream)` after each stream that destroy_stream
-  // destroyed, from the destroying thread and outside the runtime's locks,
-  // until it returns false. The allocator forgets the stream then (its free
-  // blocks, its record_stream uses). A stream destroyed behind the runtime's
-  // back (cudaStreamDestroy on a handle a host application made) is not seen.
+  // Calls `on_destroyed(stream)` for each stream that destroy_stream
+  // destroys, once its work has run and before its handle can be handed to
+  // another stream (on CUDA and HIP, before the native destroy, which frees
+  // the handle for reuse), from the destroying thread and outside the
+  // runtime's locks, until it returns false. The allocator forgets the
+  // stream then (its record_stream uses; its segments become orphans). A
+  // stream destroyed behind the runtime's back (cudaStreamDestroy on a
+  // handle a host application made) is not seen.
   virtual void watch_stream_destruction(std::function<bool(StreamHandle)> on_destroyed) = 0;
   // Blocks until all work enqueued on the stream has run. Illegal while the
   // stream is capturing: invalidates the capture and returns an error.
@@ -331,15 +378,14 @@ struct HostRuntimeOptions {
   // nothing until it is used.
   std::size_t memory_limit_per_device = std::size_t{16} << 30;
   // The order in which a replay runs a graph's nodes. Given each node's
-  // dependencies (GraphDependencies::depends_on), it returns the node
+  // dependencies (GraphDependencies), it returns the node
   // positions in the order to run them, which must respect every edge. Unset:
   // capture order. It lets a test try every order a GPU may choose (the
   // differential oracle does); it is called under the runtime's lock, once
   // per launch_graph, and must not call the runtime. An order that is not a
   // permutation respecting the edges makes launch_graph fail with
   // kInvalidArgument and run nothing.
-  std::function<std::vector<std::size_t>(const std::vector<std::vector<std::size_t>>& depends_on)>
-      replay_order{};
+  std::function<std::vector<std::size_t>(const GraphDependencies& dependencies)> replay_order{};
 };
 
 CAPALLOC_API absl::StatusOr<std::shared_ptr<DeviceRuntime>> make_host_runtime(
