@@ -309,7 +309,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
     if (gone_streams->any.load(std::memory_order_acquire)) apply_gone_streams();
   }
   // Forgets the streams the runtime reported destroyed: their record_stream
-  // uses (their work has run) and their fully free segments. Requires mu.
+  // uses (their work has run); their segments become orphans, and an
+  // unreferenced graph pool's fully free ones are given back. Requires mu.
   void apply_gone_streams();
   // deallocate() (`as_owner` null) and deallocate_owned() (the owner's
   // name; a pointer, not a std::optional passed by value, whose copy read

@@ -244,7 +244,16 @@ absl::Status Allocator::Impl::release_free_segments(int device) {
   absl::Status result = release_segments(device, *state.default_pool);
   std::vector<Pool*> unreferenced;
   for (auto& [handle, pool] : state.graph_pools) {
-    if (!pool->referenced()) unreferenced.push_back(pool.get());
+    if (!pool->referenced()) {
+      unreferenced.push_back(pool.get());
+    } else if (pool->graph_holds.empty() && pool->route_refs == 0) {
+      // Held by handles alone: no graph replays into it, and no capture
+      // allocates from it now. Its free segments stay for the next capture,
+      // except orphans (a destroyed stream's), which no capture ever takes:
+      // kept, a pool captured into on short-lived streams would grow by a
+      // capture's footprint per stream, for good.
+      result.Update(release_segments(device, *pool, kNoStream));
+    }
   }
   for (Pool* pool : unreferenced) {
     result.Update(release_segments(device, *pool));

@@ -11,8 +11,10 @@
 //
 // When a stream is destroyed its work has run (destroy_stream waits for it):
 // its record_stream uses stop holding frees back, and the segments it owned
-// go back to the runtime once fully free (a destroyed stream's cache can
-// never be reused), with their free indexes.
+// become orphans, owned by no stream (docs/design.md "Stream lifetimes"):
+// the default pool's are adopted by streams needing a segment of their class,
+// or given back by empty_cache and the out-of-memory retry; a graph pool's
+// are never adopted, and go back once no graph or capture holds the pool.
 #include <algorithm>
 #include <string>
 #include <vector>

@@ -156,12 +156,19 @@ absl::Status GpuRuntime<Api>::destroy_stream(StreamHandle stream) {
   }
   // The contract waits for the stream's work; the native destroy would not.
   CAPALLOC_RETURN_IF_ERROR(synchronize_stream(stream));
+  // The watchers hear of it before the native destroy: that destroy frees
+  // the handle, which the next stream created (by any thread) may get, and
+  // the allocator must have the report before that stream's first request,
+  // or it would serve the new stream from the dead one's memory as its own
+  // and later hand that memory out again under the new stream's kernels.
+  // If the destroy then fails, the stream is still reported gone: the
+  // allocator treats its next use as a new stream's (its work has run).
+  stream_watchers_.destroyed(stream);
   if (const typename Api::Error e = Api::StreamDestroy(gpu::native_stream<Api>(stream));
       e != Api::kSuccess) {
     return gpu::native_error<Api>(
         e, absl::StrFormat("%sStreamDestroy(stream 0x%x)", Api::kName, stream));
   }
-  stream_watchers_.destroyed(stream);
   return absl::OkStatus();
 }
 

@@ -252,9 +252,14 @@ class CAPALLOC_API Allocator {
   // release does: cudaFree and hipFree wait for all work on the device, and
   // the host runtime models that, so empty_cache takes as long as the
   // device's queued work (PyTorch's empty_cache does the same). The segments
-  // of a destroyed stream are kept for other streams to reuse until this
-  // call or an out-of-memory retry gives them back; no other call releases
-  // them, since releasing waits for the device.
+  // of a destroyed stream ("orphans") are kept: the default pool's for other
+  // streams to reuse, until this call or an out-of-memory retry gives them
+  // back. A graph pool's are never reused (a graph may still write there):
+  // this call gives them back once no graph and no capture holds the pool
+  // (a pool held by its handle alone included), and a pool that nothing
+  // references at all gives them back as soon as the allocator applies the
+  // stream's report (in its next call), unless a capture is routed on the
+  // device. No other release happens inside an allocator call.
   absl::Status empty_cache(int device = kAnyDevice);
 
   // --- Graph pools and capture routing ---------------------------------------
