@@ -477,15 +477,17 @@ TEST_CASE("orphans: a pool held by its handle alone gives its orphans back on em
   auto tracker = *CaptureTracker::create(*alloc);
   const PoolHandle pool = *alloc->create_graph_pool(0);
   const StreamHandle live = *rt->create_stream(0);
-  auto cycle = [&](StreamHandle s) {
+  // One capture of an 8 MiB scratch block into the pool; returns its graph.
+  auto capture_once = [&](StreamHandle s) {
     REQUIRE_OK(tracker->begin_capture(0, s, {.pool = pool}));
     auto p = alloc->allocate(8 * MiB, 0, s);
     REQUIRE_OK(p);
     REQUIRE_OK(alloc->deallocate(*p));
     auto g = tracker->end_capture(s);
     REQUIRE_OK(g);
-    REQUIRE_OK(tracker->destroy_graph(g->graph));
+    return g->graph;
   };
+  auto cycle = [&](StreamHandle s) { REQUIRE_OK(tracker->destroy_graph(capture_once(s))); };
   for (int i = 0; i < 3; ++i) cycle(live);
   const std::int64_t on_live = alloc->pool_stats(pool)->reserved_bytes.current;
   CHECK(on_live == std::int64_t(8 * MiB));  // one segment, reused by each capture
@@ -500,16 +502,11 @@ TEST_CASE("orphans: a pool held by its handle alone gives its orphans back on em
   }
   // While a graph may replay into the pool, its orphans stay.
   const StreamHandle s = *rt->create_stream(0);
-  REQUIRE_OK(tracker->begin_capture(0, s, {.pool = pool}));
-  auto p = alloc->allocate(8 * MiB, 0, s);
-  REQUIRE_OK(p);
-  REQUIRE_OK(alloc->deallocate(*p));
-  auto g = tracker->end_capture(s);
-  REQUIRE_OK(g);
+  const GraphHandle graph = capture_once(s);
   REQUIRE_OK(rt->destroy_stream(s));
   REQUIRE_OK(alloc->empty_cache());
   CHECK(alloc->pool_stats(pool)->reserved_bytes.current == on_live + std::int64_t(8 * MiB));
-  REQUIRE_OK(tracker->destroy_graph(g->graph));
+  REQUIRE_OK(tracker->destroy_graph(graph));
   REQUIRE_OK(alloc->empty_cache());
   CHECK(alloc->pool_stats(pool)->reserved_bytes.current == on_live);
   REQUIRE_OK(alloc->release_graph_pool(pool));
