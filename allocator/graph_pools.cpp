@@ -5,7 +5,10 @@
 // graph a tracker keeps) or live blocks; then its segments go back to the
 // runtime. A pool with references keeps even its free segments: a graph that
 // may still replay writes into them, so handing them back to the device
-// (where anything could land) would spread the graph's writes further.
+// (where anything could land) would spread the graph's writes further. The
+// one exception: with a tracker listening, a pool that no graph and no
+// capture holds gives back a destroyed stream's segments on empty_cache
+// (no capture takes them again).
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -246,12 +249,16 @@ absl::Status Allocator::Impl::release_free_segments(int device) {
   for (auto& [handle, pool] : state.graph_pools) {
     if (!pool->referenced()) {
       unreferenced.push_back(pool.get());
-    } else if (pool->graph_holds.empty() && pool->route_refs == 0) {
-      // Held by handles alone: no graph replays into it, and no capture
-      // allocates from it now. Its free segments stay for the next capture,
-      // except orphans (a destroyed stream's), which no capture ever takes:
-      // kept, a pool captured into on short-lived streams would grow by a
-      // capture's footprint per stream, for good.
+    } else if (listener != nullptr && pool->graph_holds.empty() && pool->route_refs == 0) {
+      // Held by handles alone, with a tracker listening: it holds the pool
+      // for every graph it keeps, so none replays into it, and no capture
+      // allocates from it now (and release_segments still keeps what a
+      // live graph's record names). Its free segments stay for the next
+      // capture, except orphans (a destroyed stream's), which no capture
+      // ever takes: kept, a pool captured into on short-lived streams would
+      // grow by a capture's footprint per stream, for good. Without a
+      // tracker nothing says which graphs replay into the pool (a caller's
+      // handle may stand for them, as PyTorch's pool handles do): kept.
       result.Update(release_segments(device, *pool, kNoStream));
     }
   }

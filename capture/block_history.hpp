@@ -46,6 +46,13 @@ struct Occupant {
 
 class BlockHistory {
  public:
+  BlockHistory() = default;
+  // Not copyable: slots_ points into occupants_ (a copy would point into
+  // the original). A move keeps the deque's elements where they are.
+  BlockHistory(const BlockHistory&) = delete;
+  BlockHistory& operator=(const BlockHistory&) = delete;
+  BlockHistory(BlockHistory&&) = default;
+  BlockHistory& operator=(BlockHistory&&) = default;
   // Records an allocation at `alloc_tick` (0 for a block first met live,
   // allocated before the tracker looked). Idempotent per block.
   // `freed_next`: the caller records the block's free next, before any

@@ -256,10 +256,13 @@ class CAPALLOC_API Allocator {
   // streams to reuse, until this call or an out-of-memory retry gives them
   // back. A graph pool's are never reused (a graph may still write there):
   // this call gives them back once no graph and no capture holds the pool
-  // (a pool held by its handle alone included), and a pool that nothing
-  // references at all gives them back as soon as the allocator applies the
-  // stream's report (in its next call), unless a capture is routed on the
-  // device. No other release happens inside an allocator call.
+  // (a pool held by its handle alone included, when a CaptureTracker
+  // listens: without one, a handle may stand for graphs that replay into
+  // the pool, and its segments stay until it is released), and a pool that
+  // nothing references at all gives them back as soon as the allocator
+  // applies the stream's report (in its next call), unless a capture is
+  // routed on the device. No other release happens inside an allocator
+  // call.
   absl::Status empty_cache(int device = kAnyDevice);
 
   // --- Graph pools and capture routing ---------------------------------------
