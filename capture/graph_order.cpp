@@ -10,20 +10,30 @@ namespace capalloc::detail {
 
 GraphOrder GraphOrder::capture_order() { return GraphOrder{}; }
 
+namespace {
+
+// One stream's capture: each node depends on the one before it alone.
+bool is_chain(const GraphDependencies& edges) {
+  const std::size_t n = edges.size();
+  if (n != 0 && edges.edge_count() + 1 != n) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto d = edges.of(i);
+    if (i == 0 ? !d.empty() : d.size() != 1 || d[0] != i - 1) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<GraphOrder> GraphOrder::from_edges(GraphDependencies dependencies) {
   GraphOrder order;
   order.from_edges_ = true;
   order.depends_on_ = std::move(dependencies);
   const GraphDependencies& edges = order.depends_on_;
   const std::size_t n = edges.size();
-  // One stream's capture: each node depends on the one before it alone.
-  // Then a runs before b iff a < b, and neither the sort nor the ancestor
-  // sets are needed (the edges stay, for path()).
-  order.chain_ = edges.edge_count() + 1 == n || n == 0;
-  for (std::size_t i = 0; order.chain_ && i < n; ++i) {
-    const auto d = edges.of(i);
-    order.chain_ = i == 0 ? d.empty() : d.size() == 1 && d[0] == i - 1;
-  }
+  // A chain: a runs before b iff a < b, and neither the sort nor the
+  // ancestor sets are needed (the edges stay, for path()).
+  order.chain_ = is_chain(edges);
   if (order.chain_) return order;
   // A topological order (Kahn), which also proves there is no cycle. The
   // runtimes list nodes in creation order, which is one already; this does

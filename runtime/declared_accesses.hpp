@@ -71,6 +71,17 @@ inline void append_parameter_touches(const KernelLaunch& kernel, std::size_t pos
   });
 }
 
+// The most GraphWrites the two appends above give for `kernel` (its
+// declared spans, else one per 8-byte word of its parameters): what a list
+// of a graph's accesses reserves before it is filled.
+inline std::size_t max_accesses(const KernelLaunch& kernel) {
+  if (declares_accesses(kernel)) {
+    return kernel.reads.size() + kernel.writes.size() + kernel.updates.size() +
+           kernel.state.size();
+  }
+  return kernel.params.size() / sizeof(std::uint64_t);
+}
+
 }  // namespace capalloc::detail
 
 #endif  // CAPALLOC_RUNTIME_DECLARED_ACCESSES_HPP_

@@ -377,17 +377,12 @@ namespace {
 // captured through this runtime's calls, inspected when read from a graph
 // named by CaptureInfo::graph (as a GPU runtime reads a native graph).
 std::vector<GraphWrite> accesses_of(const GraphNodes& nodes, WriteEvidence copies) {
-  // Sized first (at most one access per declared span or parameter word):
-  // growing would move every access, each with its kernel's name, again.
+  // Sized first: growing would move every access, each with its kernel's
+  // name, again. A memset or memcpy node gives at most two.
   std::size_t bound = 0;
   for (const GraphNode& node : nodes.ops) {
-    if (const auto* kernel = std::get_if<KernelLaunch>(&node)) {
-      bound += declares_accesses(*kernel) ? kernel->reads.size() + kernel->writes.size() +
-                                                kernel->updates.size() + kernel->state.size()
-                                          : kernel->params.size() / sizeof(std::uintptr_t);
-    } else {
-      bound += 2;
-    }
+    const auto* kernel = std::get_if<KernelLaunch>(&node);
+    bound += kernel != nullptr ? max_accesses(*kernel) : 2;
   }
   std::vector<GraphWrite> writes;
   writes.reserve(bound);
