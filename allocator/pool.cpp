@@ -48,9 +48,9 @@ FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) cons
   const IndexKey key{stream, size_class};
   auto it = indexes_.find(key);
   if (it == indexes_.end()) return nullptr;
-  last_key_ = key;
-  last_index_ = it->second.get();
-  return last_index_;
+  recent_[1] = recent_[0];
+  recent_[0] = {key, it->second.get()};
+  return recent_[0].index;
 }
 
 FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
@@ -331,7 +331,9 @@ void Pool::drop_unused_indexes() {
       ++it;
       continue;
     }
-    if (last_index_ == it->second.get()) last_index_ = nullptr;
+    for (RecentIndex& r : recent_) {
+      if (r.index == it->second.get()) r.index = nullptr;
+    }
     indexes_.erase(it++);
   }
 }

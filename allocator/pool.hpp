@@ -257,9 +257,12 @@ class Pool {
   };
   FreeIndex& index_for(const Segment& segment);
   FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const {
-    // Most requests come from the stream of the previous one: one cached
-    // entry saves the hash lookup.
-    if (last_index_ != nullptr && last_key_ == IndexKey{stream, size_class}) return last_index_;
+    // Most requests come from the stream of the previous one, or of the one
+    // before (two streams taking turns: a compute and a copy stream, or two
+    // threads): two cached entries save the hash lookup.
+    const IndexKey key{stream, size_class};
+    if (recent_[0].index != nullptr && recent_[0].key == key) return recent_[0].index;
+    if (recent_[1].index != nullptr && recent_[1].key == key) return recent_[1].index;
     return find_index_slow(stream, size_class);
   }
   FreeIndex* find_index_slow(StreamHandle stream, SizeClass size_class) const;
@@ -314,8 +317,12 @@ class Pool {
   BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;
   absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
-  mutable IndexKey last_key_{kDefaultStream, SizeClass::kSmall};
-  mutable FreeIndex* last_index_ = nullptr;
+  // The indexes find_index found last, newest first (index null: none).
+  struct RecentIndex {
+    IndexKey key{kDefaultStream, SizeClass::kSmall};
+    FreeIndex* index = nullptr;
+  };
+  mutable RecentIndex recent_[2];
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
   // Segments whose stream is gone (Segment::orphaned), in no order.
