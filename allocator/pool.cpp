@@ -46,11 +46,15 @@ FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
 FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) const {
   const IndexKey key{stream, size_class};
-  auto it = indexes_.find(key);
-  if (it == indexes_.end()) return nullptr;
+  RecentIndex& seen = seen_[seen_slot(key)];
+  if (seen.index == nullptr || !(seen.key == key)) {
+    auto it = indexes_.find(key);
+    if (it == indexes_.end()) return nullptr;
+    seen = {key, it->second.get()};
+  }
   recent_[1] = recent_[0];
-  recent_[0] = {key, it->second.get()};
-  return recent_[0].index;
+  recent_[0] = seen;
+  return seen.index;
 }
 
 FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
@@ -331,8 +335,11 @@ void Pool::drop_unused_indexes() {
       ++it;
       continue;
     }
-    for (RecentIndex& r : recent_) {
-      if (r.index == it->second.get()) r.index = nullptr;
+    for (RecentIndex& recent : recent_) {
+      if (recent.index == it->second.get()) recent.index = nullptr;
+    }
+    for (RecentIndex& seen : seen_) {
+      if (seen.index == it->second.get()) seen.index = nullptr;
     }
     indexes_.erase(it++);
   }

@@ -259,7 +259,8 @@ class Pool {
   FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const {
     // Most requests come from the stream of the previous one, or of the one
     // before (two streams taking turns: a compute and a copy stream, or two
-    // threads): two cached entries save the hash lookup.
+    // threads): two compares, inline. More streams find their index out of
+    // line (find_index_slow), most without a hash-table lookup.
     const IndexKey key{stream, size_class};
     if (recent_[0].index != nullptr && recent_[0].key == key) return recent_[0].index;
     if (recent_[1].index != nullptr && recent_[1].key == key) return recent_[1].index;
@@ -317,12 +318,23 @@ class Pool {
   BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;
   absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
-  // The indexes find_index found last, newest first (index null: none).
+  // The indexes find_index found last, newest first, and those found
+  // before by seen_slot(key), a small table in front of indexes_ (index
+  // null: none). An index that goes is cleared from both
+  // (drop_unused_indexes).
   struct RecentIndex {
     IndexKey key{kDefaultStream, SizeClass::kSmall};
     FreeIndex* index = nullptr;
   };
+  static constexpr int kSeenBits = 3;
+  static std::size_t seen_slot(const IndexKey& key) {
+    const std::uint64_t mixed =
+        (static_cast<std::uint64_t>(key.stream) ^ static_cast<std::uint64_t>(key.size_class)) *
+        0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the top bits mix every bit of the key
+    return static_cast<std::size_t>(mixed >> (64 - kSeenBits));
+  }
   mutable RecentIndex recent_[2];
+  mutable RecentIndex seen_[std::size_t{1} << kSeenBits];
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
   // Segments whose stream is gone (Segment::orphaned), in no order.

@@ -324,6 +324,39 @@ TEST_CASE("streams taking turns get their own blocks back; a destroyed one is re
   REQUIRE_OK(rt->destroy_stream(streams[2]));
 }
 
+// The pool finds a stream's free index through the two it found last and a
+// small table of those found before (Pool::find_index): more streams than
+// that table has slots, taking turns in varying orders, and indexes dropped
+// by empty_cache and made again, must each still reach their own stream's
+// memory, never another's or a dropped one.
+TEST_CASE("many streams taking turns each reach their own free index, across empty_cache",
+          "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  constexpr int kStreams = 20;  // more than the table's 8 slots
+  std::vector<StreamHandle> streams;
+  for (int i = 0; i < kStreams; ++i) streams.push_back(*rt->create_stream(0));
+  for (int pass = 0; pass < 3; ++pass) {
+    std::vector<void*> mine(kStreams, nullptr);
+    for (int round = 0; round < 4; ++round) {
+      for (int k = 0; k < kStreams; ++k) {
+        const int i = (k * (round + 1) + pass) % kStreams;  // varying orders
+        void* p = *alloc->allocate(4096 + 512 * static_cast<std::size_t>(round), 0, streams[i]);
+        CHECK(alloc->block_info(p)->stream == streams[i]);
+        if (mine[i] != nullptr) REQUIRE_OK(alloc->deallocate(mine[i]));
+        mine[i] = p;
+      }
+    }
+    for (void* p : mine) REQUIRE_OK(alloc->deallocate(p));
+    REQUIRE_OK(alloc->CheckInvariants());
+    // Every segment is free: empty_cache releases them and drops their
+    // streams' indexes; the next pass makes them again.
+    REQUIRE_OK(alloc->empty_cache());
+    CHECK(alloc->stats(0)->reserved_bytes.current == 0);
+  }
+  for (StreamHandle s : streams) REQUIRE_OK(rt->destroy_stream(s));
+}
+
 TEST_CASE("pending frees hold their segment until the event completes and empty_cache never waits",
           "[streams]") {
   auto rt = host_runtime();
