@@ -294,12 +294,43 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // one checked for a moment: the caller then declines (gone_streams), and
   // apply_gone_streams forgets it there too.
   [[gnu::noinline]] bool recall_known_stream(StreamHandle stream, int device) {
-    auto it = known_streams.find(stream);
-    if (it == known_streams.end() || (it->second != device && it->second != kAnyDevice)) {
-      return false;
+    SeenStream& seen = seen_streams[seen_stream_slot(stream)];
+    if (seen.stream != stream) {
+      auto it = known_streams.find(stream);
+      if (it == known_streams.end()) return false;
+      seen = {stream, it->second};
     }
-    note_recent(stream, it->second);
+    if (seen.device != device && seen.device != kAnyDevice) return false;
+    note_recent(stream, seen.device);
     return true;
+  }
+  // Known streams found before, by a hash of the handle: a small table in
+  // front of known_streams, so that streams beyond the last two checked
+  // (three or more taking turns) mostly skip the hash-table lookup. An
+  // empty slot holds the default stream, which is never looked up here (it
+  // is always known) and never entered. forget_known_stream clears a slot.
+  struct SeenStream {
+    StreamHandle stream = kDefaultStream;
+    int device = kAnyDevice;
+  };
+  static constexpr int kSeenStreamBits = 3;
+  static std::size_t seen_stream_slot(StreamHandle stream) {
+    // Fibonacci hashing: the top bits mix every bit of the handle.
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(stream) * 0x9E3779B97F4A7C15ull) >>
+                                    (64 - kSeenStreamBits));
+  }
+  SeenStream seen_streams[std::size_t{1} << kSeenStreamBits];
+  // Whether `stream` (not the default stream) is known: the table, then
+  // known_streams.
+  bool is_known_stream(StreamHandle stream) const {
+    return seen_streams[seen_stream_slot(stream)].stream == stream ||
+           known_streams.contains(stream);
+  }
+  void forget_known_stream(StreamHandle stream) {
+    known_streams.erase(stream);
+    if (SeenStream& seen = seen_streams[seen_stream_slot(stream)]; seen.stream == stream) {
+      seen = SeenStream{};
+    }
   }
   // What the runtime reported from other threads (graphs gone, streams
   // destroyed), applied; one atomic load each when there is nothing.

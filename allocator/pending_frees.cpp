@@ -172,7 +172,7 @@ absl::Status Allocator::Impl::free_block(Block* block, std::size_t slot) {
     // Graph pools and capture blocks keep the merging path: their pools go
     // when their last block does.
     if (!pool.is_graph_pool() && block->capture == 0 && pool.caches_freed(*block) &&
-        (recent_stream(segment->stream) || known_streams.contains(segment->stream))) {
+        (recent_stream(segment->stream) || is_known_stream(segment->stream))) {
       pool.cache_freed(block);
       return absl::OkStatus();
     }

@@ -89,7 +89,7 @@ namespace capalloc {
   if ((device != kAnyDevice && device != segment.device) || block->owner_id != 0 ||
       block->capture != 0 || !block->used_on.empty() || pool.is_graph_pool() ||
       (listener != nullptr && devices[segment.device].routes > 0) ||
-      (!recent_stream(segment.stream) && !known_streams.contains(segment.stream))) {
+      (!recent_stream(segment.stream) && !is_known_stream(segment.stream))) {
     return false;
   }
   live.erase_slot(slot);

@@ -79,7 +79,7 @@ void Allocator::Impl::apply_gone_streams() {
     used.erase(std::remove_if(used.begin(), used.end(), gone), used.end());
   };
   for (StreamHandle stream : streams) {
-    known_streams.erase(stream);
+    forget_known_stream(stream);
     if (last_known_stream == stream) {
       last_known_stream = kDefaultStream;
       last_known_device = kAnyDevice;

@@ -357,6 +357,37 @@ TEST_CASE("many streams taking turns each reach their own free index, across emp
   for (StreamHandle s : streams) REQUIRE_OK(rt->destroy_stream(s));
 }
 
+// Streams beyond the last two checked are recalled through a small table in
+// front of the known streams (Allocator::Impl::recall_known_stream): a
+// destroyed stream must leave it, or a later request on its handle would
+// pass for one on a live stream.
+TEST_CASE("four streams taking turns: a destroyed one is refused at every later request",
+          "[streams]") {
+  auto rt = host_runtime();
+  auto alloc = make_allocator(rt);
+  std::vector<StreamHandle> streams;
+  for (int i = 0; i < 4; ++i) streams.push_back(*rt->create_stream(0));
+  for (int round = 0; round < 3; ++round) {
+    for (StreamHandle s : streams) {
+      void* p = *alloc->allocate(4096, 0, s);
+      CHECK(alloc->block_info(p)->stream == s);
+      REQUIRE_OK(alloc->deallocate(p));
+    }
+  }
+  // Not one of the last two used: known only through the table or the set.
+  REQUIRE_OK(rt->destroy_stream(streams[1]));
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    CHECK(alloc->allocate(4096, 0, streams[1]).status().code() ==
+          absl::StatusCode::kInvalidArgument);
+    for (int i : {0, 2, 3}) {  // the others go on taking turns
+      void* p = *alloc->allocate(4096, 0, streams[static_cast<std::size_t>(i)]);
+      REQUIRE_OK(alloc->deallocate(p));
+    }
+  }
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (int i : {0, 2, 3}) REQUIRE_OK(rt->destroy_stream(streams[static_cast<std::size_t>(i)]));
+}
+
 TEST_CASE("pending frees hold their segment until the event completes and empty_cache never waits",
           "[streams]") {
   auto rt = host_runtime();
