@@ -2,6 +2,7 @@
 // diagnosis of pointers it did not hand out, block lookups, the invariant
 // check and the one-paragraph description. None of it is on a hot path.
 #include <algorithm>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,20 @@ absl::Status Allocator::CheckInvariants() const {
   if (allocated != m.live.size()) {
     return absl::InternalError(absl::StrFormat(
         "pointer table holds %d blocks, the segments %d allocated", m.live.size(), allocated));
+  }
+  // The table of known streams found before holds known streams, each with
+  // its device, in its own slot (or the default stream: an empty slot).
+  for (std::size_t slot = 0; slot < std::size(m.seen_streams); ++slot) {
+    const Impl::SeenStream& seen = m.seen_streams[slot];
+    if (seen.stream == kDefaultStream) continue;
+    auto known = m.known_streams.find(seen.stream);
+    if (Impl::seen_stream_slot(seen.stream) != slot || known == m.known_streams.end() ||
+        known->second != seen.device) {
+      return absl::InternalError(absl::StrFormat(
+          "slot %d of the known streams found before names stream 0x%x, which is not known "
+          "there with device %d",
+          slot, seen.stream, seen.device));
+    }
   }
   absl::flat_hash_map<const Block*, std::uint32_t> pending_counts;
   for (const auto& p : m.pending) ++pending_counts[p.block];

@@ -293,6 +293,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // destruction reported but not yet applied may leave the stream the last
   // one checked for a moment: the caller then declines (gone_streams), and
   // apply_gone_streams forgets it there too.
+  // A hit in seen_streams skips known_streams (every entry of the table is
+  // one of the set's, with its device: forget_known_stream).
   [[gnu::noinline]] bool recall_known_stream(StreamHandle stream, int device) {
     SeenStream& seen = seen_streams[seen_stream_slot(stream)];
     if (seen.stream != stream) {
@@ -320,12 +322,13 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                                     (64 - kSeenStreamBits));
   }
   SeenStream seen_streams[std::size_t{1} << kSeenStreamBits];
-  // Whether `stream` (not the default stream) is known: the table, then
-  // known_streams.
+  // Whether `stream` is known: the default stream always is; any other
+  // through the table, then known_streams.
   bool is_known_stream(StreamHandle stream) const {
-    return seen_streams[seen_stream_slot(stream)].stream == stream ||
+    return stream == kDefaultStream || seen_streams[seen_stream_slot(stream)].stream == stream ||
            known_streams.contains(stream);
   }
+  // The one way out of known_streams (the table holds only what it holds).
   void forget_known_stream(StreamHandle stream) {
     known_streams.erase(stream);
     if (SeenStream& seen = seen_streams[seen_stream_slot(stream)]; seen.stream == stream) {

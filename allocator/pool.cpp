@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <iterator>
 
 #include "absl/strings/str_format.h"
 
@@ -46,7 +47,7 @@ FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
 FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) const {
   const IndexKey key{stream, size_class};
-  RecentIndex& seen = seen_[seen_slot(key)];
+  IndexEntry& seen = seen_[seen_slot(key)];
   if (seen.index == nullptr || !(seen.key == key)) {
     auto it = indexes_.find(key);
     if (it == indexes_.end()) return nullptr;
@@ -335,10 +336,10 @@ void Pool::drop_unused_indexes() {
       ++it;
       continue;
     }
-    for (RecentIndex& recent : recent_) {
+    for (IndexEntry& recent : recent_) {
       if (recent.index == it->second.get()) recent.index = nullptr;
     }
-    for (RecentIndex& seen : seen_) {
+    for (IndexEntry& seen : seen_) {
       if (seen.index == it->second.get()) seen.index = nullptr;
     }
     indexes_.erase(it++);
@@ -369,8 +370,8 @@ absl::Status Pool::check_invariants() const {
               absl::StrFormat("free blocks 0x%x and 0x%x are adjacent and unmerged", prev->addr,
                               b->addr));
         }
-        FreeIndex* index =
-            find_index(segment->stream, segment->size_class);  // kOrphanKey for an orphan
+        // kOrphanKey for an orphan.
+        FreeIndex* index = lookup_index({segment->stream, segment->size_class});
         if (index != segment->index) {
           return absl::InternalError(absl::StrFormat(
               "segment 0x%x files its free blocks in another index than its stream's%s",
@@ -403,6 +404,20 @@ absl::Status Pool::check_invariants() const {
       return absl::InternalError(absl::StrFormat(
           "segment 0x%x: blocks cover %d of %d bytes", segment->base, expected - segment->base,
           segment->size));
+    }
+  }
+  // The lookup caches name live indexes under their own keys.
+  for (const IndexEntry& recent : recent_) {
+    if (recent.index != nullptr && lookup_index(recent.key) != recent.index) {
+      return absl::InternalError("a recently found free index is not its key's");
+    }
+  }
+  for (std::size_t slot = 0; slot < std::size(seen_); ++slot) {
+    const IndexEntry& seen = seen_[slot];
+    if (seen.index != nullptr &&
+        (seen_slot(seen.key) != slot || lookup_index(seen.key) != seen.index)) {
+      return absl::InternalError(absl::StrFormat(
+          "slot %d of the free indexes found before is not its key's index", slot));
     }
   }
   std::size_t indexed = 0;

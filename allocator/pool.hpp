@@ -267,6 +267,12 @@ class Pool {
     return find_index_slow(stream, size_class);
   }
   FreeIndex* find_index_slow(StreamHandle stream, SizeClass size_class) const;
+  // indexes_' entry for `key`, or null, leaving recent_ and seen_ as they
+  // are (check_invariants, which checks them against it).
+  FreeIndex* lookup_index(const IndexKey& key) const {
+    auto it = indexes_.find(key);
+    return it == indexes_.end() ? nullptr : it->second.get();
+  }
   FreeIndex* make_index(StreamHandle stream, SizeClass size_class);
   // The block a split of a `size`-byte block to `rounded` bytes files the
   // remainder in, or null when the remainder stays inside the block. Made
@@ -322,7 +328,7 @@ class Pool {
   // before by seen_slot(key), a small table in front of indexes_ (index
   // null: none). An index that goes is cleared from both
   // (drop_unused_indexes).
-  struct RecentIndex {
+  struct IndexEntry {
     IndexKey key{kDefaultStream, SizeClass::kSmall};
     FreeIndex* index = nullptr;
   };
@@ -333,8 +339,8 @@ class Pool {
         0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the top bits mix every bit of the key
     return static_cast<std::size_t>(mixed >> (64 - kSeenBits));
   }
-  mutable RecentIndex recent_[2];
-  mutable RecentIndex seen_[std::size_t{1} << kSeenBits];
+  mutable IndexEntry recent_[2];
+  mutable IndexEntry seen_[std::size_t{1} << kSeenBits];
   AllocatorStats stats_;
   std::int64_t free_bytes_ = 0;  // bytes in free blocks
   // Segments whose stream is gone (Segment::orphaned), in no order.

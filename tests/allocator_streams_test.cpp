@@ -7,6 +7,7 @@
 #include <future>
 #include <thread>
 
+#include "reusing_runtime.hpp"
 #include "test_support.hpp"
 
 using namespace capalloc;
@@ -386,6 +387,76 @@ TEST_CASE("four streams taking turns: a destroyed one is refused at every later 
   }
   REQUIRE_OK(alloc->CheckInvariants());
   for (int i : {0, 2, 3}) REQUIRE_OK(rt->destroy_stream(streams[static_cast<std::size_t>(i)]));
+}
+
+// A destroyed stream's handle named again at once by a new stream (as CUDA
+// and HIP do), while ten streams take turns: the new stream is checked
+// anew, never served the old one's memory through a remembered index or a
+// remembered stream (both tables of Pool::find_index and
+// recall_known_stream), and the old one's live blocks become orphans.
+TEST_CASE("handles reused after destroy while ten streams take turns", "[streams]") {
+  auto host = host_runtime(std::size_t{64} << 30);
+  auto rt = std::make_shared<capalloc::testing::ReusingRuntime>(host);
+  auto alloc = *Allocator::create(rt);
+  std::vector<StreamHandle> streams;
+  for (int i = 0; i < 10; ++i) streams.push_back(*host->create_stream(0));
+  struct Held {
+    void* p;
+    StreamHandle stream;
+  };
+  std::vector<Held> held;
+  const std::size_t sizes[] = {4096, std::size_t{1536} << 10, std::size_t{40} << 20};
+  for (int round = 0; round < 20; ++round) {
+    for (std::size_t k = 0; k < streams.size(); ++k) {
+      const std::size_t i = (k * 3 + static_cast<std::size_t>(round)) % streams.size();
+      for (std::size_t bytes : sizes) {
+        void* p = *alloc->allocate(bytes, 0, streams[i]);
+        CHECK(alloc->block_info(p)->stream == streams[i]);
+        held.push_back({p, streams[i]});
+        if (held.size() > 20) {  // the oldest goes (quick cache, merges)
+          REQUIRE_OK(alloc->deallocate(held.front().p));
+          held.erase(held.begin());
+        }
+      }
+    }
+    const StreamHandle retired = streams[static_cast<std::size_t>(round * 7) % streams.size()];
+    rt->retire_and_reuse(retired);
+    for (Held& h : held) {
+      if (h.stream == retired) h.stream = kNoStream;
+    }
+    // A call that applies the report (block_info does not).
+    REQUIRE_OK(alloc->deallocate(*alloc->allocate(64, 0, kDefaultStream)));
+    for (const Held& h : held) CHECK(alloc->block_info(h.p)->stream == h.stream);
+    REQUIRE_OK(alloc->CheckInvariants());
+    if (round % 5 == 4) REQUIRE_OK(alloc->empty_cache());
+  }
+  for (const Held& h : held) REQUIRE_OK(alloc->deallocate(h.p));
+  REQUIRE_OK(alloc->CheckInvariants());
+  for (StreamHandle s : streams) REQUIRE_OK(host->destroy_stream(s));
+}
+
+// Streams of two devices taking turns: each request is served on its
+// stream's device and refused on the other, whichever stream a table slot
+// held last.
+TEST_CASE("streams of two devices taking turns: each served on its own device only",
+          "[streams]") {
+  auto rt = host_runtime(std::size_t{16} << 30, 2);
+  auto alloc = make_allocator(rt);
+  std::vector<std::pair<StreamHandle, int>> streams;
+  for (int i = 0; i < 12; ++i) streams.push_back({*rt->create_stream(i % 2), i % 2});
+  for (int round = 0; round < 6; ++round) {
+    for (std::size_t k = 0; k < streams.size(); ++k) {
+      const auto [s, d] = streams[(k * 5 + static_cast<std::size_t>(round)) % streams.size()];
+      void* p = *alloc->allocate(4096, d, s);
+      CHECK(alloc->block_info(p)->stream == s);
+      CHECK(alloc->block_info(p)->device == d);
+      REQUIRE_OK(alloc->deallocate(p));
+      CHECK(alloc->allocate(4096, 1 - d, s).status().code() ==
+            absl::StatusCode::kInvalidArgument);
+    }
+    REQUIRE_OK(alloc->CheckInvariants());
+  }
+  for (const auto& [s, d] : streams) REQUIRE_OK(rt->destroy_stream(s));
 }
 
 TEST_CASE("pending frees hold their segment until the event completes and empty_cache never waits",
