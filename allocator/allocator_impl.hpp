@@ -35,6 +35,7 @@
 #include "allocator/block.hpp"
 #include "allocator/block_table.hpp"
 #include "allocator/observation.hpp"
+#include "common/fibonacci_hash.hpp"
 #include "common/futex_mutex.hpp"
 #include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
@@ -317,9 +318,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   };
   static constexpr int kSeenStreamBits = 3;
   static std::size_t seen_stream_slot(StreamHandle stream) {
-    // Fibonacci hashing: the top bits mix every bit of the handle.
-    return static_cast<std::size_t>((static_cast<std::uint64_t>(stream) * 0x9E3779B97F4A7C15ull) >>
-                                    (64 - kSeenStreamBits));
+    return detail::fibonacci_slot(static_cast<std::uint64_t>(stream), 64 - kSeenStreamBits);
   }
   SeenStream seen_streams[std::size_t{1} << kSeenStreamBits];
   // Whether `stream` is known: the default stream always is; any other

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "allocator/block.hpp"
+#include "common/fibonacci_hash.hpp"
 
 namespace capalloc::detail {
 
@@ -117,8 +118,8 @@ class BlockTable {
   static constexpr std::size_t kInitialCapacity = 256;
 
   std::size_t home(std::uintptr_t addr) const {
-    // Fibonacci hashing of the address without its (always zero) low bits.
-    return static_cast<std::size_t>(((addr >> 8) * 0x9E3779B97F4A7C15ull) >> shift_);
+    // The address without its (always zero) low bits.
+    return fibonacci_slot(addr >> 8, shift_);
   }
   void place(std::uintptr_t addr, Block* block) {
     std::size_t i = home(addr);

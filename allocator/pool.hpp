@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "allocator/block.hpp"
 #include "allocator/free_index.hpp"
+#include "common/fibonacci_hash.hpp"
 #include "capalloc/allocator.hpp"
 
 namespace capalloc::detail {
@@ -337,10 +338,9 @@ class Pool {
   };
   static constexpr int kSeenBits = 3;
   static std::size_t seen_slot(const IndexKey& key) {
-    const std::uint64_t mixed =
-        (static_cast<std::uint64_t>(key.stream) ^ static_cast<std::uint64_t>(key.size_class)) *
-        0x9E3779B97F4A7C15ull;  // Fibonacci hashing: the top bits mix every bit of the key
-    return static_cast<std::size_t>(mixed >> (64 - kSeenBits));
+    return fibonacci_slot(
+        static_cast<std::uint64_t>(key.stream) ^ static_cast<std::uint64_t>(key.size_class),
+        64 - kSeenBits);
   }
   mutable IndexEntry recent_[2];
   mutable IndexEntry seen_[std::size_t{1} << kSeenBits];
