@@ -235,11 +235,23 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
     }
   }
 
-  std::lock_guard lock(m.mu);
-  // The steady state (allocate_cached_locked); anything else takes the
+  // The steady state: in the stream's shard, under its lock alone, else
+  // under the allocator's (allocate_cached_locked); anything else takes the
   // general path below.
-  if (!cache_tried && ctx.capture == 0 && request.lifetime == Lifetime::kTransient &&
-      request.tag.empty() && request.owner.empty()) {
+  const bool steady = !cache_tried && ctx.capture == 0 &&
+                      request.lifetime == Lifetime::kTransient && request.tag.empty() &&
+                      request.owner.empty();
+  if (steady) {
+    if (detail::StreamShard* shard = m.shard_for(device, stream)) {
+      std::lock_guard shard_lock(shard->mu);
+      if (void* p = m.allocate_in_shard(*shard, device, stream, bytes, rounded)) {
+        detail::shard_hint = {m.allocator_id, shard};
+        return p;
+      }
+    }
+  }
+  std::lock_guard lock(m.mu);
+  if (steady) {
     if (void* p = m.allocate_cached_locked(bytes, rounded, device, stream)) return p;
   }
   if (absl::Status s = m.check_stream(stream, "allocate", device); !s.ok()) return s;
@@ -292,6 +304,8 @@ absl::StatusOr<void*> Allocator::Impl::allocate(std::size_t bytes, int device,
   // Only now: the double-free diagnosis tells a block someone held from
   // memory never handed out.
   block->handed_out = true;
+  // The stream's next steady-state requests may go to a shard of its own.
+  if (ctx.capture == 0 && !pool.is_graph_pool()) m.maybe_make_shard(device, stream);
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -331,23 +345,28 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   Impl& m = *this;
   if (ptr == nullptr) return absl::InvalidArgumentError("deallocate: null pointer");
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
+  // A block a shard handed out is freed there, under the shard's lock
+  // alone: the calling thread's last shard first, then the others.
+  if (try_cache) {
+    const detail::ShardHint hint = detail::shard_hint;
+    if (m.free_in_any_shard(addr, device, hint.allocator == m.allocator_id ? hint.shard : nullptr)) {
+      return absl::OkStatus();
+    }
+  }
   std::lock_guard lock(m.mu);
   // One lock and one pointer-table lookup for both paths: the steady state
   // (free_cached_locked) when no report is waiting, else the general path
   // with the block that lookup found. (Blocks born in captures take the
-  // general path, and used to pay the lock and the lookup twice.)
+  // general path, and used to pay the lock and the lookup twice.) A block
+  // of a shard's table moves to the pointer table (live_slot).
   Block* block = nullptr;
-  std::size_t slot = detail::BlockTable::kNoSlot;  // free_block's, when known
-  if (m.gone_graphs->any.load(std::memory_order_acquire) ||
-      m.gone_streams->any.load(std::memory_order_acquire)) {
-    m.apply_runtime_reports();
-    block = m.live.find(addr);
-  } else {
-    slot = m.live.find_slot(addr);
-    if (slot != detail::BlockTable::kNoSlot) {
-      if (try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
-      block = m.live.block_at(slot);
-    }
+  const bool reports = m.gone_graphs->any.load(std::memory_order_acquire) ||
+                       m.gone_streams->any.load(std::memory_order_acquire);
+  if (reports) m.apply_runtime_reports();
+  const std::size_t slot = m.live_slot(addr);  // free_block's, when known
+  if (slot != detail::BlockTable::kNoSlot) {
+    if (!reports && try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
+    block = m.live.block_at(slot);
   }
   if (block == nullptr) return m.diagnose_unknown(ptr, "deallocate");
   const int owner = block->segment->device;
@@ -401,7 +420,7 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
 absl::Status Allocator::record_stream(void* ptr, StreamHandle stream) {
   Impl& m = *impl_;
   std::lock_guard lock(m.mu);
-  Block* block = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  Block* block = m.find_live(reinterpret_cast<std::uintptr_t>(ptr));
   if (block == nullptr) return m.diagnose_unknown(ptr, "record_stream");
   // Validate the stream first, even one the block already names (its own
   // stream, or one recorded before): that stream may have been destroyed

@@ -187,16 +187,16 @@ absl::Status Allocator::CheckInvariants() const {
       for (const Block* b = segment->first; b != nullptr; b = b->next) {
         if (b->state != BlockState::kAllocated) continue;
         ++allocated;
-        if (m.live.find(b->addr) != b) {
+        if (m.find_live(b->addr) != b) {
           return absl::InternalError(
               absl::StrFormat("allocated block 0x%x is missing from the pointer table", b->addr));
         }
       }
     }
   }
-  if (allocated != m.live.size()) {
+  if (allocated != m.live_count()) {
     return absl::InternalError(absl::StrFormat(
-        "pointer table holds %d blocks, the segments %d allocated", m.live.size(), allocated));
+        "pointer tables hold %d blocks, the segments %d allocated", m.live_count(), allocated));
   }
   // The table of known streams found before holds known streams, each with
   // its device, in its own slot (or the default stream: an empty slot).

@@ -39,6 +39,7 @@
 #include "common/futex_mutex.hpp"
 #include "common/interned_strings.hpp"
 #include "allocator/pool.hpp"
+#include "allocator/stream_shards.hpp"
 #include "capalloc/allocator.hpp"
 
 namespace capalloc {
@@ -113,12 +114,44 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   AllocatorOptions options;
   detail::SizePolicy policy;
 
+  // The allocator's lock: its own futex, then every stream shard's lock,
+  // with the shards' deltas folded into their pools on the way in and fresh
+  // allowances dealt on the way out (stream_shards.hpp). Whatever runs
+  // under it sees and may change the whole state.
+  class GeneralLock {
+   public:
+    explicit GeneralLock(Impl& impl) : impl_(impl) {}
+    void lock() {
+      futex_.lock();
+      if (!impl_.shards.empty()) impl_.fold_shards();
+    }
+    void unlock() {
+      if (!impl_.shards.empty()) impl_.deal_shards();
+      futex_.unlock();
+    }
+
+   private:
+    detail::FutexMutex futex_;
+    Impl& impl_;
+  };
   // The lock on a cache line of its own, apart from what allocate() reads
   // before taking it (the runtime, the options, the size policy): with two
   // threads, each acquisition takes the lock's line from the other core,
   // and must not take those with it.
-  alignas(64) mutable detail::FutexMutex mu;
+  alignas(64) mutable GeneralLock mu{*this};
+  // This allocator among every one the process made (the thread's shard
+  // hint names it: detail::shard_hint).
+  const std::uint64_t allocator_id = next_id();
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> ids{0};
+    return ids.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
   alignas(64) detail::BlockArena arena;
+  // Every stream shard made, in lock order (at most kMaxShards; one not in
+  // use is reused), and the slots threads find them by. Changed under mu.
+  static constexpr std::size_t kMaxShards = detail::ShardSlots::kSlots;
+  std::vector<std::unique_ptr<detail::StreamShard>> shards;
+  detail::ShardSlots shard_slots;
   std::vector<detail::DeviceState> devices;
   detail::BlockTable live;
   std::vector<detail::PendingEvent> pending;
@@ -227,7 +260,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // free_cached takes the lock (the torch entry points' way in);
   // free_cached_locked requires mu and the block's slot in the pointer
   // table, with no runtime report waiting (Impl::deallocate's).
-  bool free_cached(void* ptr, int device);
+  bool free_cached(void* ptr, int device, StreamHandle stream);
   bool free_cached_locked(std::size_t slot, int device);
   // The steady-state allocation: a transient, untagged, ownerless request
   // on the default stream or the last stream used, outside captures, with
@@ -328,7 +361,9 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
            known_streams.contains(stream);
   }
   // The one way out of known_streams (the table holds only what it holds).
+  // The stream's shards are retired first.
   void forget_known_stream(StreamHandle stream) {
+    if (!shards.empty()) retire_shards_of(stream);
     known_streams.erase(stream);
     if (SeenStream& seen = seen_streams[seen_stream_slot(stream)]; seen.stream == stream) {
       seen = SeenStream{};
@@ -428,6 +463,55 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                                 std::optional<StreamHandle> only_stream = std::nullopt,
                                 std::optional<detail::SizeClass> only_class = std::nullopt);
   bool events_allowed(int device) const { return devices[device].routes == 0; }
+
+  // stream_shards.cpp
+  // GeneralLock's halves. fold_shards takes every shard's lock and folds
+  // its deltas into its pool. deal_shards decides which shards may serve,
+  // deals out the room below each pool's peaks among those that may, fresh
+  // sequence numbers where a batch ran out or a checkpoint passed it, and
+  // spare blocks, then releases the shards' locks.
+  void fold_shards() noexcept;
+  void deal_shards() noexcept;
+  // Gives (device, stream) a shard of the device's default pool when the
+  // key's slot is free and a shard can be had (else the stream keeps the
+  // one-lock path). Requires mu and a stream known usable on `device`.
+  void maybe_make_shard(int device, StreamHandle stream) noexcept;
+  // The shards of `stream` (on any device) stop serving it: their blocks'
+  // entries move to the pointer table, and the shards become free for
+  // reuse. Requires mu.
+  void retire_shards_of(StreamHandle stream);
+  // The allocated block at `addr`, from the pointer table or a shard's, or
+  // null. Requires mu.
+  detail::Block* find_live(std::uintptr_t addr) const;
+  // The slot in the pointer table of the allocated block at `addr`, its
+  // entry moved there from a shard's table if that is where it was;
+  // BlockTable::kNoSlot when neither holds it. Requires mu.
+  std::size_t live_slot(std::uintptr_t addr);
+  // How many blocks are allocated, and each of them (the pointer table's
+  // and the shards'). Require mu.
+  std::size_t live_count() const;
+  template <typename F>
+  void for_each_live(F&& visit) const {
+    live.for_each(visit);
+    for (const auto& shard : shards) shard->live.for_each(visit);
+  }
+  // steady_state.hpp (inline). The shard of (device, stream), or null; its
+  // key is checked again under its lock (it may have been reused).
+  detail::StreamShard* shard_for(int device, StreamHandle stream) const {
+    detail::StreamShard* shard = shard_slots.at(detail::ShardSlots::slot_of(device, stream));
+    return shard;
+  }
+  // The steady-state allocation and free in a shard, under its lock:
+  // nullptr or false, nothing changed, when the shard cannot serve (the
+  // general path then decides).
+  void* allocate_in_shard(detail::StreamShard& shard, int device, StreamHandle stream,
+                          std::size_t bytes, std::size_t rounded);
+  bool free_in_shard(detail::StreamShard& shard, std::uintptr_t addr, int device);
+  // free_in_shard in `first` (when not null), then in every other shard
+  // found in the slots: a free that names no stream (Allocator::deallocate)
+  // of a block another stream's shard handed out (two streams taking turns
+  // on one thread, a block freed by another thread than its allocator's).
+  bool free_in_any_shard(std::uintptr_t addr, int device, detail::StreamShard* first);
 
   // allocator_checks.cpp
   detail::Block* find_block_containing(std::uintptr_t addr) const;

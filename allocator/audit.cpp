@@ -78,7 +78,7 @@ LiveSince Allocator::live_since(AuditCheckpoint since) const {
   absl::flat_hash_map<std::uint64_t, std::vector<LiveBlock>> by_key;
   {
     std::lock_guard lock(impl_->mu);
-    impl_->live.for_each([&](std::uintptr_t, const Block* b) {
+    impl_->for_each_live([&](std::uintptr_t, const Block* b) {
       if (b->sequence <= since.sequence) return;
       by_key[std::uint64_t{b->tag_id} << 32 | b->site_id].push_back(LiveBlock{
           b->ptr(), b->size, b->requested, b->sequence, b->segment->device, b->segment->stream});
@@ -183,8 +183,8 @@ absl::Status Allocator::start_trace(std::string_view path) {
   // The blocks live now, as allocs, so that every later free names a block
   // the trace introduced.
   std::vector<const Block*> live;
-  live.reserve(m.live.size());
-  m.live.for_each([&](std::uintptr_t, const Block* b) { live.push_back(b); });
+  live.reserve(m.live_count());
+  m.for_each_live([&](std::uintptr_t, const Block* b) { live.push_back(b); });
   std::sort(live.begin(), live.end(),
             [](const Block* a, const Block* b) { return a->sequence < b->sequence; });
   for (const Block* b : live) {

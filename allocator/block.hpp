@@ -36,7 +36,7 @@ struct Segment;
 // the cache can give oversize segments back without touching the others.
 enum class SizeClass : std::uint8_t { kSmall, kLarge, kOversize };
 
-struct Block {
+struct alignas(64) Block {
   std::uintptr_t addr = 0;
   std::size_t size = 0;       // rounded size; blocks tile their segment
   std::size_t requested = 0;  // what the caller asked for (allocated blocks)
@@ -101,7 +101,17 @@ class BlockArena {
     Block* b = free_list_;
     free_list_ = b->next;
     b->next = nullptr;
+    --spare_;
     return b;
+  }
+
+  // Whether make() has a block without allocating.
+  bool has_spare() const { return free_list_ != nullptr; }
+  // Blocks on the free list.
+  std::size_t spare() const { return spare_; }
+  // Grows until `n` blocks are spare (it may throw).
+  void reserve(std::size_t n) {
+    while (spare_ < n) grow();
   }
 
   void recycle(Block* b) {
@@ -111,6 +121,7 @@ class BlockArena {
     b->used_on = std::move(used_on);
     b->next = free_list_;
     free_list_ = b;
+    ++spare_;
   }
 
  private:
@@ -122,10 +133,12 @@ class BlockArena {
       chunk[i].next = free_list_;
       free_list_ = &chunk[i];
     }
+    spare_ += kChunkBlocks;
   }
 
   std::vector<std::unique_ptr<Block[]>> chunks_;
   Block* free_list_ = nullptr;
+  std::size_t spare_ = 0;
 };
 
 }  // namespace capalloc::detail

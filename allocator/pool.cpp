@@ -37,7 +37,7 @@ Pool::~Pool() {
   for (auto& segment : segments_) {
     for (Block* b = segment->first; b != nullptr;) {
       Block* next = b->next;
-      arena_.recycle(b);
+      books_.arena->recycle(b);
       b = next;
     }
   }
@@ -67,14 +67,14 @@ FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
   return slot.get();
 }
 
-void Pool::file_free(Block* block) {
+void Pool::file_free(Block* block, PoolBooks& b) {
   block->state = BlockState::kFree;
   index_for(*block->segment).insert(block);
-  ++stats_.free_blocks;
-  free_bytes_ += static_cast<std::int64_t>(block->size);
+  ++b.stats.free_blocks;
+  b.free_bytes += static_cast<std::int64_t>(block->size);
 }
 
-void Pool::split(Block* block, std::size_t rounded, Block* rest) noexcept {
+void Pool::split(Block* block, std::size_t rounded, Block* rest, PoolBooks& b) noexcept {
   if (rest == nullptr) return;  // the slack stays inside the block
   const std::size_t remainder = block->size - rounded;
   rest->addr = block->addr + rounded;
@@ -85,7 +85,7 @@ void Pool::split(Block* block, std::size_t rounded, Block* rest) noexcept {
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
   block->size = rounded;
-  file_free(rest);
+  file_free(rest, b);
 }
 
 // Flattened: the index's find, remove and insert, the split and the
@@ -98,27 +98,28 @@ void Pool::split(Block* block, std::size_t rounded, Block* rest) noexcept {
   FreeIndex* index = find_index(stream, policy_.class_of(rounded));
   if (index == nullptr) return nullptr;
   if (!index->quick.empty()) {
-    if (Block* block = take_cached_from(*index, rounded, requested)) return block;
+    if (Block* block = take_cached_from(*index, rounded, requested, books_)) return block;
   }
-  return take_indexed_from(*index, rounded, requested);
+  return take_indexed_from(*index, rounded, requested, books_);
 }
 
-Block* Pool::take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested) {
+Block* Pool::take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested,
+                               PoolBooks& b) {
   Block* block = index.find(rounded);
   if (block == nullptr) {
     // Before the caller reserves a segment: what the quick cache holds,
     // merged, may serve the request.
     if (index.quick.empty()) return nullptr;
-    drain_quick(index);
+    drain_quick(index, b);
     block = index.find(rounded);
     if (block == nullptr) return nullptr;
   }
-  Block* rest = spare_for_split(block->size, rounded);
+  Block* rest = spare_for_split(block->size, rounded, b);
   index.remove(block);
-  --stats_.free_blocks;
-  free_bytes_ -= static_cast<std::int64_t>(block->size);
-  split(block, rounded, rest);
-  account_allocated(block, requested);
+  --b.stats.free_blocks;
+  b.free_bytes -= static_cast<std::int64_t>(block->size);
+  split(block, rounded, rest, b);
+  account_allocated(block, requested, b);
   return block;
 }
 
@@ -135,14 +136,14 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segment->size_class = policy_.class_of(rounded);
   segment->pool = this;
   segment->index = make_index(stream, segment->size_class);
-  Block* block = arena_.make();
+  Block* block = books_.arena->make();
   Block* rest = nullptr;
   try {
-    rest = spare_for_split(bytes, rounded);
+    rest = spare_for_split(bytes, rounded, books_);
     segments_.reserve(segments_.size() + 1);
   } catch (...) {
-    if (rest != nullptr) arena_.recycle(rest);
-    arena_.recycle(block);
+    if (rest != nullptr) books_.arena->recycle(rest);
+    books_.arena->recycle(block);
     throw;
   }
   block->addr = segment->base;
@@ -150,42 +151,42 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   block->segment = segment.get();
   segment->first = block;
   segments_.push_back(std::move(segment));
-  bump(stats_.reserved_bytes, static_cast<std::int64_t>(bytes));
-  bump(stats_.segments, 1);
-  split(block, rounded, rest);
-  account_allocated(block, requested);
+  bump(books_.stats.reserved_bytes, static_cast<std::int64_t>(bytes));
+  bump(books_.stats.segments, 1);
+  split(block, rounded, rest, books_);
+  account_allocated(block, requested, books_);
   return block;
 }
 
 void Pool::mark_pending(Block* block) {
-  bump(stats_.allocated_bytes, -static_cast<std::int64_t>(block->size));
-  bump(stats_.requested_bytes, -static_cast<std::int64_t>(block->requested));
-  bump(stats_.allocated_blocks, -1);
-  ++stats_.pending_free_blocks;
-  ++stats_.frees;
+  bump(books_.stats.allocated_bytes, -static_cast<std::int64_t>(block->size));
+  bump(books_.stats.requested_bytes, -static_cast<std::int64_t>(block->requested));
+  bump(books_.stats.allocated_blocks, -1);
+  ++books_.stats.pending_free_blocks;
+  ++books_.stats.frees;
   block->state = BlockState::kPendingFree;
 }
 
 // Flattened for the same reason as take(): a graph pool's every free.
-[[gnu::flatten]] void Pool::give_back(Block* block) {
-  release_accounting(block);
-  merge_and_file(block);
+[[gnu::flatten]] void Pool::give_back(Block* block, PoolBooks& b) {
+  release_accounting(block, b);
+  merge_and_file(block, b);
 }
 
-void Pool::drain_quick(FreeIndex& index) {
+void Pool::drain_quick(FreeIndex& index, PoolBooks& b) {
   index.quick.drain([&](Block* block) {
     // Counted as free already; merge_and_file counts the survivor again.
-    --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(block->size);
-    merge_and_file(block);
+    --b.stats.free_blocks;
+    b.free_bytes -= static_cast<std::int64_t>(block->size);
+    merge_and_file(block, b);
   });
 }
 
 void Pool::drain_quick_caches() {
-  for (auto& [key, index] : indexes_) drain_quick(*index);
+  for (auto& [key, index] : indexes_) drain_quick(*index, books_);
 }
 
-void Pool::merge_and_file(Block* block) {
+void Pool::merge_and_file(Block* block, PoolBooks& b) {
   FreeIndex& index = index_for(*block->segment);
   // Merge with free neighbours (filed in the index or cached); the survivor
   // is the lowest-addressed block.
@@ -195,8 +196,8 @@ void Pool::merge_and_file(Block* block) {
     } else {
       index.remove(neighbour);
     }
-    --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(neighbour->size);
+    --b.stats.free_blocks;
+    b.free_bytes -= static_cast<std::int64_t>(neighbour->size);
   };
   // A cached neighbour may itself border free blocks (cached blocks do not
   // merge), so merging runs until a non-free block or the segment's end on
@@ -207,7 +208,7 @@ void Pool::merge_and_file(Block* block) {
     prev->size += block->size;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
-    arena_.recycle(block);
+    b.arena->recycle(block);
     block = prev;
   }
   while (Block* next = block->next) {
@@ -216,9 +217,9 @@ void Pool::merge_and_file(Block* block) {
     block->size += next->size;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
-    arena_.recycle(next);
+    b.arena->recycle(next);
   }
-  file_free(block);
+  file_free(block, b);
 }
 
 void Pool::take_free_segments(std::vector<SegmentRange>& out,
@@ -230,7 +231,7 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
   for (auto& [key, index] : indexes_) {
     if ((!only_stream || key.stream == *only_stream) &&
         (!only_class || key.size_class == *only_class)) {
-      drain_quick(*index);
+      drain_quick(*index, books_);
     }
   }
   auto keep = segments_.begin();
@@ -246,11 +247,11 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     }
     Block* block = segment.first;
     index_for(segment).remove(block);
-    --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(block->size);
-    arena_.recycle(block);
-    bump(stats_.reserved_bytes, -static_cast<std::int64_t>(segment.size));
-    bump(stats_.segments, -1);
+    --books_.stats.free_blocks;
+    books_.free_bytes -= static_cast<std::int64_t>(block->size);
+    books_.arena->recycle(block);
+    bump(books_.stats.reserved_bytes, -static_cast<std::int64_t>(segment.size));
+    bump(books_.stats.segments, -1);
     out.push_back({reinterpret_cast<void*>(segment.base), segment.size, segment.stream,
                    segment.size_class});
     if (segment.orphaned) std::erase(orphans_, &segment);
@@ -266,7 +267,7 @@ void Pool::orphan_stream(StreamHandle stream) {
   // Room first, so that nothing below throws once a segment has moved.
   orphans_.reserve(orphans_.size() + segments_.size());
   for (auto& [key, index] : indexes_) {
-    if (key.stream == stream) drain_quick(*index);
+    if (key.stream == stream) drain_quick(*index, books_);
   }
   for (const auto& segment : segments_) {
     if (segment->stream != stream) continue;  // an orphan's is kOrphanKey
@@ -314,7 +315,7 @@ Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
   std::erase(orphans_, best);
   index->insert(block);
   drop_unused_indexes();  // the orphans' index, if it files nothing else
-  return take_indexed_from(*index, rounded, requested);
+  return take_indexed_from(*index, rounded, requested, books_);
 }
 
 Pool::OrphanedBytes Pool::orphaned_bytes() const {
@@ -430,20 +431,20 @@ absl::Status Pool::check_invariants() const {
     return absl::InternalError(absl::StrFormat("stats: %s is %d, recomputed %d", what, counted,
                                                recomputed));
   };
-  if (stats_.allocated_bytes.current != allocated)
-    return mismatch("allocated_bytes", stats_.allocated_bytes.current, allocated);
-  if (stats_.requested_bytes.current != requested)
-    return mismatch("requested_bytes", stats_.requested_bytes.current, requested);
-  if (stats_.reserved_bytes.current != reserved)
-    return mismatch("reserved_bytes", stats_.reserved_bytes.current, reserved);
-  if (stats_.segments.current != static_cast<std::int64_t>(segments_.size()))
-    return mismatch("segments", stats_.segments.current, static_cast<std::int64_t>(segments_.size()));
-  if (stats_.allocated_blocks.current != allocated_blocks)
-    return mismatch("allocated_blocks", stats_.allocated_blocks.current, allocated_blocks);
-  if (stats_.free_blocks != free_blocks) return mismatch("free_blocks", stats_.free_blocks, free_blocks);
-  if (stats_.pending_free_blocks != pending)
-    return mismatch("pending_free_blocks", stats_.pending_free_blocks, pending);
-  if (free_bytes_ != free_bytes) return mismatch("cached free bytes", free_bytes_, free_bytes);
+  if (books_.stats.allocated_bytes.current != allocated)
+    return mismatch("allocated_bytes", books_.stats.allocated_bytes.current, allocated);
+  if (books_.stats.requested_bytes.current != requested)
+    return mismatch("requested_bytes", books_.stats.requested_bytes.current, requested);
+  if (books_.stats.reserved_bytes.current != reserved)
+    return mismatch("reserved_bytes", books_.stats.reserved_bytes.current, reserved);
+  if (books_.stats.segments.current != static_cast<std::int64_t>(segments_.size()))
+    return mismatch("segments", books_.stats.segments.current, static_cast<std::int64_t>(segments_.size()));
+  if (books_.stats.allocated_blocks.current != allocated_blocks)
+    return mismatch("allocated_blocks", books_.stats.allocated_blocks.current, allocated_blocks);
+  if (books_.stats.free_blocks != free_blocks) return mismatch("free_blocks", books_.stats.free_blocks, free_blocks);
+  if (books_.stats.pending_free_blocks != pending)
+    return mismatch("pending_free_blocks", books_.stats.pending_free_blocks, pending);
+  if (books_.free_bytes != free_bytes) return mismatch("cached free bytes", books_.free_bytes, free_bytes);
   std::int64_t orphaned = 0;
   for (const auto& segment : segments_) {
     orphaned += segment->orphaned ? 1 : 0;

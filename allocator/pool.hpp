@@ -76,6 +76,17 @@ struct SegmentRange {
   SizeClass size_class = SizeClass::kSmall;
 };
 
+// The counters a pool operation changes, and the arena its Block objects
+// come from and go back to: the pool's own (Pool::books_), or a stream
+// shard's (stream_shards.hpp), whose counters are deltas that the
+// allocator's lock folds into the pool's and whose arena holds only blocks
+// lent by the allocator's. Its peaks mean nothing in a shard's books.
+struct PoolBooks {
+  AllocatorStats stats;
+  std::int64_t free_bytes = 0;  // bytes in free blocks
+  BlockArena* arena = nullptr;
+};
+
 // What a quick cache may hold at least (Pool::caches_freed).
 inline constexpr std::size_t kMinQuickCacheBytes = std::size_t{1} << 20;
 
@@ -84,7 +95,9 @@ class Pool {
   // `handle` is kDefaultPool for a device's default pool, else the graph
   // pool's handle.
   Pool(int device, PoolHandle handle, const SizePolicy& policy, BlockArena& arena)
-      : device_(device), handle_(handle), policy_(policy), arena_(arena) {}
+      : device_(device), handle_(handle), policy_(policy) {
+    books_.arena = &arena;
+  }
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -94,7 +107,7 @@ class Pool {
   bool is_graph_pool() const { return handle_ != kDefaultPool; }
   // Blocks the pool cannot give back yet: allocated or pending-free.
   std::int64_t blocks_in_use() const {
-    return stats_.allocated_blocks.current + stats_.pending_free_blocks;
+    return books_.stats.allocated_blocks.current + books_.stats.pending_free_blocks;
   }
 
   // Who keeps a graph pool alive, each owner counted apart so that no owner
@@ -127,30 +140,34 @@ class Pool {
   // Allocator's steady-state path.
   Block* take_cached(StreamHandle stream, std::size_t rounded, std::size_t requested) {
     FreeIndex* index = find_index(stream, policy_.class_of(rounded));
-    return index == nullptr ? nullptr : take_cached_from(*index, rounded, requested);
+    return index == nullptr ? nullptr : take_cached_from(*index, rounded, requested, books_);
   }
-  // take_cached with the (stream, size class)'s index found.
-  Block* take_cached_from(FreeIndex& index, std::size_t rounded, std::size_t requested) {
+  // take_cached with the (stream, size class)'s index found, counted in
+  // `b` (the pool's books, or a stream shard's).
+  Block* take_cached_from(FreeIndex& index, std::size_t rounded, std::size_t requested,
+                          PoolBooks& b) {
     if (!index.quick.caches(rounded)) return nullptr;
     Block* block = index.quick.pop(rounded);
     if (block == nullptr) return nullptr;
-    --stats_.free_blocks;
-    free_bytes_ -= static_cast<std::int64_t>(block->size);
-    account_allocated(block, requested);
+    --b.stats.free_blocks;
+    b.free_bytes -= static_cast<std::int64_t>(block->size);
+    account_allocated(block, requested, b);
     return block;
   }
   // take() past its quick cache: the FreeIndex, split, and a drain of the
   // quick cache when the index cannot serve.
   Block* take_indexed(StreamHandle stream, std::size_t rounded, std::size_t requested) {
     FreeIndex* index = find_index(stream, policy_.class_of(rounded));
-    return index == nullptr ? nullptr : take_indexed_from(*index, rounded, requested);
+    return index == nullptr ? nullptr : take_indexed_from(*index, rounded, requested, books_);
   }
-  Block* take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested);
+  Block* take_indexed_from(FreeIndex& index, std::size_t rounded, std::size_t requested,
+                           PoolBooks& b);
   // Adds a fresh segment owned by `stream` and serves the request from it.
   Block* take_from_new_segment(void* base, std::size_t bytes, StreamHandle stream,
                                std::size_t rounded, std::size_t requested);
   // Frees an allocated or pending-free block: merges and files it.
-  void give_back(Block* block);
+  void give_back(Block* block) { give_back(block, books_); }
+  void give_back(Block* block, PoolBooks& b);
   // The peaks an allocation may raise (Pool::take and its kin), read
   // before it so that untake() can put them back.
   // No initializers: the steady-state path reads them only with an observer
@@ -161,19 +178,19 @@ class Pool {
     std::int64_t allocated_blocks;
   };
   AllocationPeaks allocation_peaks() const {
-    return {stats_.allocated_bytes.peak, stats_.requested_bytes.peak,
-            stats_.allocated_blocks.peak};
+    return {books_.stats.allocated_bytes.peak, books_.stats.requested_bytes.peak,
+            books_.stats.allocated_blocks.peak};
   }
   // Takes back an allocated block its caller never saw (a later step of the
   // allocation failed): give_back(), neither the allocation nor the free
   // counted, and the peaks as they were before the take (`before`).
   void untake(Block* block, const AllocationPeaks& before) {
     give_back(block);
-    --stats_.allocations;
-    --stats_.frees;
-    stats_.allocated_bytes.peak = before.allocated_bytes;
-    stats_.requested_bytes.peak = before.requested_bytes;
-    stats_.allocated_blocks.peak = before.allocated_blocks;
+    --books_.stats.allocations;
+    --books_.stats.frees;
+    books_.stats.allocated_bytes.peak = before.allocated_bytes;
+    books_.stats.requested_bytes.peak = before.requested_bytes;
+    books_.stats.allocated_blocks.peak = before.allocated_blocks;
   }
   // Whether cache_freed may take `block` (its size is one the quick cache
   // of its segment's index keeps, and the cache has room). Inline, with
@@ -187,18 +204,19 @@ class Pool {
     // segment more than the merging path needs.
     const QuickCache& quick = block.segment->index->quick;
     const std::size_t cap = std::max(kMinQuickCacheBytes,
-                                     static_cast<std::size_t>(stats_.reserved_bytes.current) / 8);
+                                     static_cast<std::size_t>(books_.stats.reserved_bytes.current) / 8);
     // An orphan's index caches nothing (QuickCache::refuse_all).
     return quick.caches(block.size) && quick.bytes() + block.size <= cap;
   }
   // Frees an allocated block into its index's quick cache, unmerged
   // (quick_cache.hpp). Precondition: caches_freed(*block).
-  void cache_freed(Block* block) {
-    release_accounting(block);
+  void cache_freed(Block* block) { cache_freed(block, books_); }
+  void cache_freed(Block* block, PoolBooks& b) {
+    release_accounting(block, b);
     block->state = BlockState::kFree;
     block->segment->index->quick.push(block);
-    ++stats_.free_blocks;
-    free_bytes_ += static_cast<std::int64_t>(block->size);
+    ++b.stats.free_blocks;
+    b.free_bytes += static_cast<std::int64_t>(block->size);
   }
   // Merges every quick-cached block into the free indexes: before anything
   // that needs whole free segments (take_free_segments does it itself).
@@ -240,9 +258,17 @@ class Pool {
                           const std::function<bool(const SegmentRange&)>& keep);
 
   const std::vector<std::unique_ptr<Segment>>& segments() const { return segments_; }
-  const AllocatorStats& stats() const { return stats_; }
-  AllocatorStats& mutable_stats() { return stats_; }
-  std::int64_t cached_free_bytes() const { return free_bytes_; }
+  const AllocatorStats& stats() const { return books_.stats; }
+  AllocatorStats& mutable_stats() { return books_.stats; }
+  std::int64_t cached_free_bytes() const { return books_.free_bytes; }
+  // The pool's own books, into which a stream shard's are folded.
+  PoolBooks& books() { return books_; }
+  // The free index of (stream, size class), or null; found without the
+  // lookup caches, which it leaves as they are (a stream shard keeps what
+  // it finds here).
+  FreeIndex* index_of(StreamHandle stream, SizeClass size_class) const {
+    return lookup_index({stream, size_class});
+  }
 
   absl::Status check_invariants() const;
 
@@ -281,30 +307,30 @@ class Pool {
   // The block a split of a `size`-byte block to `rounded` bytes files the
   // remainder in, or null when the remainder stays inside the block. Made
   // before anything changes: it is the one step of a take that can throw.
-  Block* spare_for_split(std::size_t size, std::size_t rounded) {
-    return size - rounded < policy_.granularity ? nullptr : arena_.make();
+  Block* spare_for_split(std::size_t size, std::size_t rounded, PoolBooks& b) {
+    return size - rounded < policy_.granularity ? nullptr : b.arena->make();
   }
   // Splits `block` (free, out of the index) so that it is `rounded` bytes;
   // the remainder goes in `rest` (from spare_for_split), filed as free.
-  void split(Block* block, std::size_t rounded, Block* rest) noexcept;
-  void account_allocated(Block* block, std::size_t requested) {
+  void split(Block* block, std::size_t rounded, Block* rest, PoolBooks& b) noexcept;
+  void account_allocated(Block* block, std::size_t requested, PoolBooks& b) {
     block->state = BlockState::kAllocated;
     block->requested = requested;
-    bump(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
-    bump(stats_.requested_bytes, static_cast<std::int64_t>(requested));
-    bump(stats_.allocated_blocks, 1);
-    ++stats_.allocations;
+    bump(b.stats.allocated_bytes, static_cast<std::int64_t>(block->size));
+    bump(b.stats.requested_bytes, static_cast<std::int64_t>(requested));
+    bump(b.stats.allocated_blocks, 1);
+    ++b.stats.allocations;
   }
   // The allocated or pending counters of a block being freed, and its
   // per-allocation fields reset.
-  void release_accounting(Block* block) {
+  void release_accounting(Block* block, PoolBooks& b) {
     if (block->state == BlockState::kAllocated) {
-      drop(stats_.allocated_bytes, static_cast<std::int64_t>(block->size));
-      drop(stats_.requested_bytes, static_cast<std::int64_t>(block->requested));
-      drop(stats_.allocated_blocks, 1);
-      ++stats_.frees;
+      drop(b.stats.allocated_bytes, static_cast<std::int64_t>(block->size));
+      drop(b.stats.requested_bytes, static_cast<std::int64_t>(block->requested));
+      drop(b.stats.allocated_blocks, 1);
+      ++b.stats.frees;
     } else {
-      --stats_.pending_free_blocks;
+      --b.stats.pending_free_blocks;
     }
     block->requested = 0;
     block->used_on.clear();
@@ -317,15 +343,14 @@ class Pool {
 
   // Merges a free block (counted as free, filed nowhere) with its free
   // neighbours and files the result in its index.
-  void merge_and_file(Block* block);
-  void drain_quick(FreeIndex& index);
-  void file_free(Block* block);
+  void merge_and_file(Block* block, PoolBooks& b);
+  void drain_quick(FreeIndex& index, PoolBooks& b);
+  void file_free(Block* block, PoolBooks& b);
   void drop_unused_indexes();
 
   int device_;
   PoolHandle handle_;
   SizePolicy policy_;
-  BlockArena& arena_;
   std::vector<std::unique_ptr<Segment>> segments_;
   absl::flat_hash_map<IndexKey, std::unique_ptr<FreeIndex>> indexes_;
   // The indexes find_index found last, newest first, and those found
@@ -344,8 +369,7 @@ class Pool {
   }
   mutable IndexEntry recent_[2];
   mutable IndexEntry seen_[std::size_t{1} << kSeenBits];
-  AllocatorStats stats_;
-  std::int64_t free_bytes_ = 0;  // bytes in free blocks
+  PoolBooks books_;
   // Segments whose stream is gone (Segment::orphaned), in no order.
   std::vector<Segment*> orphans_;
 };

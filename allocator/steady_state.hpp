@@ -59,6 +59,80 @@ namespace capalloc {
   return reinterpret_cast<void*>(block->addr);
 }
 
+inline void* Allocator::Impl::allocate_in_shard(detail::StreamShard& shard, int device,
+                                                StreamHandle stream, std::size_t bytes,
+                                                std::size_t rounded) {
+  // The key again (the shard may have been retired and reused since its
+  // slot was read), then what the general path must handle: reports from
+  // other threads, no room below a peak, no sequence number or spare block.
+  if (!shard.enabled || shard.stream != stream || shard.device != device ||
+      gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  detail::FreeIndex* index = shard.indexes[static_cast<std::size_t>(policy.class_of(rounded))];
+  // A quick-cache hit hands out at most 1/4 more than `rounded`; a split
+  // of the free index, `rounded` within a granule.
+  const auto most = static_cast<std::int64_t>(rounded + rounded / 4 + policy.granularity);
+  const AllocatorStats& delta = shard.books.stats;
+  if (delta.allocated_bytes.current + most > shard.allow_allocated_bytes ||
+      delta.requested_bytes.current + static_cast<std::int64_t>(bytes) >
+          shard.allow_requested_bytes ||
+      delta.allocated_blocks.current + 1 > shard.allow_allocated_blocks) {
+    shard.short_of_room = true;  // a larger share at the next deal
+    return nullptr;
+  }
+  if (index == nullptr || shard.next_sequence == shard.end_sequence ||
+      !shard.spares.has_spare()) {
+    return nullptr;
+  }
+  shard.live.reserve_one();  // may throw: before a block leaves the pool
+  detail::Block* block = shard.pool->take_cached_from(*index, rounded, bytes, shard.books);
+  if (block == nullptr) block = shard.pool->take_indexed_from(*index, rounded, bytes, shard.books);
+  if (block == nullptr) return nullptr;
+  block->sequence = shard.next_sequence++;
+  shard.live.insert_reserved(block->addr, block);
+  block->handed_out = true;
+  return reinterpret_cast<void*>(block->addr);
+}
+
+inline bool Allocator::Impl::free_in_shard(detail::StreamShard& shard, std::uintptr_t addr,
+                                           int device) {
+  if (!shard.enabled || gone_graphs->any.load(std::memory_order_acquire) ||
+      gone_streams->any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const std::size_t slot = shard.live.find_slot(addr);
+  if (slot == detail::BlockTable::kNoSlot) return false;
+  detail::Block* block = shard.live.block_at(slot);
+  // Used on other streams (record_stream, under the allocator's lock): its
+  // free waits on their events, which the general path records.
+  if ((device != kAnyDevice && device != shard.device) || !block->used_on.empty()) return false;
+  shard.live.erase_slot(slot);
+  detail::Pool& pool = *shard.pool;
+  if (pool.caches_freed(*block)) {
+    pool.cache_freed(block, shard.books);
+  } else {
+    pool.give_back(block, shard.books);
+  }
+  return true;
+}
+
+inline bool Allocator::Impl::free_in_any_shard(std::uintptr_t addr, int device,
+                                               detail::StreamShard* first) {
+  if (first != nullptr) {
+    std::lock_guard lock(first->mu);
+    if (free_in_shard(*first, addr, device)) return true;
+  }
+  for (std::size_t slot = 0; slot < detail::ShardSlots::kSlots; ++slot) {
+    detail::StreamShard* shard = shard_slots.at(slot);
+    if (shard == nullptr || shard == first) continue;
+    std::lock_guard lock(shard->mu);
+    if (free_in_shard(*shard, addr, device)) return true;
+  }
+  return false;
+}
+
 [[gnu::always_inline]] inline void* Allocator::Impl::allocate_cached(std::size_t bytes, int device,
                                                                      StreamHandle stream) {
   // Any size the pool may hold: the quick cache serves small ones, the free
@@ -73,6 +147,10 @@ namespace capalloc {
     if (!info.ok() || info->status != CaptureStatus::kNone) return nullptr;
   }
   const std::size_t rounded = (bytes + policy.granularity - 1) & ~(policy.granularity - 1);
+  if (detail::StreamShard* shard = shard_for(device, stream)) {
+    std::lock_guard lock(shard->mu);
+    if (void* p = allocate_in_shard(*shard, device, stream, bytes, rounded)) return p;
+  }
   std::lock_guard lock(mu);
   return allocate_cached_locked(bytes, rounded, device, stream);
 }
@@ -106,9 +184,14 @@ namespace capalloc {
   return true;
 }
 
-[[gnu::always_inline]] inline bool Allocator::Impl::free_cached(void* ptr, int device) {
+[[gnu::always_inline]] inline bool Allocator::Impl::free_cached(void* ptr, int device,
+                                                                 StreamHandle stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (addr == 0) return false;  // 0 marks an empty slot of the table
+  if (detail::StreamShard* shard = shard_for(device, stream)) {
+    std::lock_guard lock(shard->mu);
+    if (free_in_shard(*shard, addr, device)) return true;
+  }
   std::lock_guard lock(mu);
   if (gone_graphs->any.load(std::memory_order_acquire) ||
       gone_streams->any.load(std::memory_order_acquire)) {

@@ -89,7 +89,7 @@ void Allocator::Impl::apply_gone_streams() {
       previous_known_device = kAnyDevice;
     }
   }
-  live.for_each([&](std::uintptr_t, Block* block) {
+  for_each_live([&](std::uintptr_t, Block* block) {
     if (!block->used_on.empty()) forget(block);
   });
   // Frees deferred only for these streams' sake complete now. (Events

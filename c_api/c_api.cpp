@@ -461,7 +461,6 @@ void* capalloc_torch_malloc(size_t size, int device, void* stream) {
 
 void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
   (void)size;
-  (void)stream;  // the block remembers its stream; frees are ordered on it
   capalloc::Allocator* known = torch_allocator.load(std::memory_order_acquire);
   if (known != nullptr) [[likely]] {
     auto& impl = capalloc::detail::AllocatorAccess::impl(*known);
@@ -472,7 +471,8 @@ void capalloc_torch_free(void* ptr, size_t size, int device, void* stream) {
     }
     bool freed = false;
     try {
-      freed = impl.free_cached(ptr, device);
+      // The stream PyTorch names is the allocation's: its shard looks first.
+      freed = impl.free_cached(ptr, device, as_stream(stream));
     } catch (...) {
       freed = false;  // the general path says what went wrong
     }

@@ -1,0 +1,181 @@
+// allocator/stream_shards.cpp: the allocator's side of the stream shards
+// (stream_shards.hpp): folding them in under its lock, dealing allowances
+// out when it is released, making and retiring them, and finding their
+// blocks on the general path.
+#include <algorithm>
+#include <new>
+
+#include "allocator/allocator_impl.hpp"
+
+namespace capalloc {
+
+namespace {
+
+using detail::StreamShard;
+
+// Sequence numbers a shard gets at a time, and the spare blocks it keeps
+// (a take splits at most one block; merges give blocks back to it).
+constexpr std::uint64_t kSequenceBatch = 4096;
+constexpr std::size_t kSpareBlocks = 16;
+// The shares of the room below a pool's peaks that a shard short of room
+// gets at a deal, against one for each other shard.
+constexpr std::int64_t kShortShares = 3;
+
+void fold_counter(StatCounter& into, std::int64_t delta) { detail::bump(into, delta); }
+
+}  // namespace
+
+void Allocator::Impl::fold_shards() noexcept {
+  for (const auto& owned : shards) {
+    StreamShard& shard = *owned;
+    shard.mu.lock();
+    if (!shard.in_use) continue;
+    detail::PoolBooks& into = shard.pool->books();
+    AllocatorStats& delta = shard.books.stats;
+    // The allowances kept each current value at or below its peak, so the
+    // bump raises no peak.
+    fold_counter(into.stats.allocated_bytes, delta.allocated_bytes.current);
+    fold_counter(into.stats.requested_bytes, delta.requested_bytes.current);
+    fold_counter(into.stats.allocated_blocks, delta.allocated_blocks.current);
+    into.stats.free_blocks += delta.free_blocks;
+    into.stats.pending_free_blocks += delta.pending_free_blocks;
+    into.stats.allocations += delta.allocations;
+    into.stats.frees += delta.frees;
+    into.free_bytes += shard.books.free_bytes;
+    delta = AllocatorStats{};
+    shard.books.free_bytes = 0;
+  }
+}
+
+void Allocator::Impl::deal_shards() noexcept {
+  // Which shards may serve, and their stream's free indexes as they are now
+  // (the general path may have made or dropped some).
+  for (const auto& owned : shards) {
+    StreamShard& shard = *owned;
+    shard.enabled = shard.in_use && observer == nullptr && pending.empty() && deferred.empty() &&
+                    !(listener != nullptr && devices[shard.device].routes > 0) &&
+                    is_known_stream(shard.stream);
+    if (!shard.enabled) continue;
+    for (std::size_t c = 0; c < shard.indexes.size(); ++c) {
+      shard.indexes[c] = shard.pool->index_of(shard.stream, static_cast<detail::SizeClass>(c));
+    }
+    if (shard.next_sequence == shard.end_sequence ||
+        (has_checkpoint && shard.next_sequence <= latest_checkpoint)) {
+      shard.next_sequence = next_sequence;
+      next_sequence += kSequenceBatch;
+      shard.end_sequence = next_sequence;
+    }
+    try {
+      shard.spares.reserve(kSpareBlocks);
+    } catch (const std::bad_alloc&) {
+      // Fewer spares: the shard declines a split it has no block for.
+    }
+  }
+  // The room below each pool's peaks, shared among its shards that may
+  // serve, so that together they cannot pass a peak: kShortShares shares to
+  // a shard that declined an allocation for want of room since the last
+  // deal, one to each other.
+  for (const auto& owned : shards) {
+    StreamShard& shard = *owned;
+    if (!shard.enabled) continue;
+    std::int64_t shares = 0;
+    for (const auto& other : shards) {
+      if (other->enabled && other->pool == shard.pool) {
+        shares += other->short_of_room ? kShortShares : 1;
+      }
+    }
+    const std::int64_t mine = shard.short_of_room ? kShortShares : 1;
+    auto share = [&](const StatCounter& counter) {
+      return (counter.peak - counter.current) / shares * mine;
+    };
+    const AllocatorStats& stats = shard.pool->stats();
+    shard.allow_allocated_bytes = share(stats.allocated_bytes);
+    shard.allow_requested_bytes = share(stats.requested_bytes);
+    shard.allow_allocated_blocks = share(stats.allocated_blocks);
+  }
+  for (const auto& owned : shards) owned->short_of_room = false;
+  for (const auto& owned : shards) owned->mu.unlock();
+}
+
+void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept {
+  const std::size_t slot = detail::ShardSlots::slot_of(device, stream);
+  if (shard_slots.at(slot) != nullptr) return;  // this key's, or another's
+  StreamShard* shard = nullptr;
+  for (const auto& owned : shards) {
+    if (!owned->in_use) {
+      shard = owned.get();
+      break;
+    }
+  }
+  if (shard == nullptr) {
+    if (shards.size() >= kMaxShards) return;
+    try {
+      shards.reserve(shards.size() + 1);
+      auto made = std::make_unique<StreamShard>();
+      // Held as every shard's is while mu is: deal_shards releases it.
+      made->mu.lock();
+      shards.push_back(std::move(made));
+    } catch (const std::bad_alloc&) {
+      return;  // no shard: the stream keeps the one-lock path
+    }
+    shard = shards.back().get();
+  }
+  shard->device = device;
+  shard->stream = stream;
+  shard->pool = devices[device].default_pool.get();
+  shard->in_use = true;
+  shard->enabled = false;
+  shard->indexes = {};
+  shard->next_sequence = shard->end_sequence = 0;
+  shard_slots.set(slot, shard);
+}
+
+void Allocator::Impl::retire_shards_of(StreamHandle stream) {
+  for (const auto& owned : shards) {
+    StreamShard& shard = *owned;
+    if (!shard.in_use || shard.stream != stream) continue;
+    // Each entry goes to the pointer table before it leaves the shard's:
+    // if growing the table throws, every block is still found.
+    std::vector<std::uintptr_t> held;
+    held.reserve(shard.live.size());
+    shard.live.for_each([&](std::uintptr_t addr, detail::Block*) { held.push_back(addr); });
+    for (std::uintptr_t addr : held) {
+      live.insert(addr, shard.live.find(addr));
+      shard.live.erase(addr);
+    }
+    shard.in_use = false;
+    shard.enabled = false;
+    const std::size_t slot = detail::ShardSlots::slot_of(shard.device, stream);
+    if (shard_slots.at(slot) == &shard) shard_slots.set(slot, nullptr);
+  }
+}
+
+detail::Block* Allocator::Impl::find_live(std::uintptr_t addr) const {
+  if (detail::Block* block = live.find(addr)) return block;
+  for (const auto& shard : shards) {
+    if (detail::Block* block = shard->live.find(addr)) return block;
+  }
+  return nullptr;
+}
+
+std::size_t Allocator::Impl::live_slot(std::uintptr_t addr) {
+  if (std::size_t slot = live.find_slot(addr); slot != detail::BlockTable::kNoSlot) return slot;
+  for (const auto& shard : shards) {
+    const std::size_t in_shard = shard->live.find_slot(addr);
+    if (in_shard == detail::BlockTable::kNoSlot) continue;
+    live.reserve_one();  // may throw: nothing moved yet
+    detail::Block* block = shard->live.block_at(in_shard);
+    shard->live.erase_slot(in_shard);
+    live.insert_reserved(addr, block);
+    return live.find_slot(addr);
+  }
+  return detail::BlockTable::kNoSlot;
+}
+
+std::size_t Allocator::Impl::live_count() const {
+  std::size_t count = live.size();
+  for (const auto& shard : shards) count += shard->live.size();
+  return count;
+}
+
+}  // namespace capalloc

@@ -1,0 +1,120 @@
+// allocator/stream_shards.hpp: a shard of a device's default pool for one
+// stream, so that threads allocating on different streams do not take turns
+// on the allocator's lock (docs/design.md, "The lock").
+//
+// A stream's segments, free indexes and quick caches are its own already:
+// what two streams shared on the steady-state path was the lock, the pointer
+// table, the pool's counters, the sequence counter and the Block arena. A
+// shard holds, under a lock of its own, what its steady-state allocations and
+// frees change:
+//  - books: the pool's counters as deltas, and an arena of Block objects
+//    lent by the allocator's (PoolBooks);
+//  - live: a pointer table of the blocks it handed out and that are still
+//    allocated;
+//  - a batch of sequence numbers;
+//  - what it may add to the pool's allocated bytes, requested bytes and
+//    allocated blocks without passing their peaks (allowances).
+//
+// The allocator's lock (Allocator::Impl::GeneralLock) takes every shard's
+// lock after its own and folds each shard's deltas into its pool, so that
+// whatever runs under it sees the whole state, exact, and may change any of
+// it; releasing it deals out fresh allowances, sequence numbers and spare
+// blocks, and decides whether each shard may serve at all (`enabled`), then
+// lets the shards go. A peak is never passed without the allocator's lock:
+// the allowances of a pool's shards add up to the room below its peaks, so
+// an allocation that would pass one declines to the general path, which
+// raises the peak exactly. The general path finds a block of a shard's
+// table by searching the shards (Allocator::Impl::find_live).
+//
+// A shard serves one (device, stream) of a default pool; a thread finds it
+// without a lock through ShardSlots (a slot per hash of the key, checked
+// under the shard's lock, since a shard may be retired and reused).
+#ifndef CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
+#define CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/block.hpp"
+#include "allocator/block_table.hpp"
+#include "allocator/pool.hpp"
+#include "common/fibonacci_hash.hpp"
+#include "common/futex_mutex.hpp"
+
+namespace capalloc::detail {
+
+struct StreamShard {
+  // On a cache line of its own: the one line the shard's thread and the
+  // allocator's lock both write.
+  alignas(64) FutexMutex mu;
+  // What follows is written with both this shard's lock and the allocator's
+  // held, and read with either.
+  alignas(64) int device = 0;
+  StreamHandle stream = kDefaultStream;
+  Pool* pool = nullptr;  // the device's default pool
+  bool in_use = false;   // serves (device, stream); else free for reuse
+  // The steady-state path may use the shard: nothing the general path must
+  // see is set (an observer, pending frees, a listener with a capture routed
+  // on the device), the stream is known, and there is a sequence number
+  // and a spare block to hand out.
+  bool enabled = false;
+  // The pool's free indexes of the stream, by SizeClass; null where there is
+  // none yet (the general path makes it with the stream's first segment of
+  // the class).
+  std::array<FreeIndex*, 3> indexes{};
+  // Room below the pool's peaks, against books.stats' deltas.
+  std::int64_t allow_allocated_bytes = 0;
+  std::int64_t allow_requested_bytes = 0;
+  std::int64_t allow_allocated_blocks = 0;
+  // An allocation declined for want of room since the last deal: the
+  // shard's share of the room is larger at the next.
+  bool short_of_room = false;
+  // The sequence numbers [next_sequence, end_sequence) are this shard's.
+  std::uint64_t next_sequence = 0;
+  std::uint64_t end_sequence = 0;
+  PoolBooks books;  // deltas since the last fold; its arena is `spares`
+  BlockArena spares;
+  BlockTable live;
+
+  StreamShard() { books.arena = &spares; }
+  StreamShard(const StreamShard&) = delete;
+  StreamShard& operator=(const StreamShard&) = delete;
+};
+
+// The shards by (device, stream): one slot per hash of the key, read
+// without a lock. A slot names at most one shard, checked against the key
+// under the shard's lock; a second key of the same slot gets no shard and
+// keeps the one-lock path.
+class ShardSlots {
+ public:
+  static constexpr int kBits = 4;
+  static constexpr std::size_t kSlots = std::size_t{1} << kBits;
+
+  static std::size_t slot_of(int device, StreamHandle stream) {
+    return fibonacci_slot(static_cast<std::uint64_t>(stream) ^
+                              (static_cast<std::uint64_t>(device) << 56),
+                          64 - kBits);
+  }
+  StreamShard* at(std::size_t slot) const { return slots_[slot].load(std::memory_order_acquire); }
+  void set(std::size_t slot, StreamShard* shard) {
+    slots_[slot].store(shard, std::memory_order_release);
+  }
+
+ private:
+  std::array<std::atomic<StreamShard*>, kSlots> slots_{};
+};
+
+// The shard this thread last allocated through, and its allocator's id
+// (Allocator::Impl::allocator_id): where a free that names no stream
+// (Allocator::deallocate) looks first.
+struct ShardHint {
+  std::uint64_t allocator = 0;
+  StreamShard* shard = nullptr;
+};
+inline thread_local ShardHint shard_hint;
+
+}  // namespace capalloc::detail
+
+#endif  // CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
