@@ -198,6 +198,7 @@ absl::Status Allocator::CheckInvariants() const {
     return absl::InternalError(absl::StrFormat(
         "pointer tables hold %d blocks, the segments %d allocated", m.live_count(), allocated));
   }
+  if (absl::Status s = m.check_shards(); !s.ok()) return s;
   // The table of known streams found before holds known streams, each with
   // its device, in its own slot (or the default stream: an empty slot).
   for (std::size_t slot = 0; slot < std::size(m.seen_streams); ++slot) {

@@ -487,6 +487,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // entry moved there from a shard's table if that is where it was;
   // BlockTable::kNoSlot when neither holds it. Requires mu.
   std::size_t live_slot(std::uintptr_t addr);
+  // The shards' invariants (CheckInvariants; requires mu, so that every
+  // shard is folded): no delta left; a shard in use is found through its
+  // key's slot, serves its device's default pool, and its table holds only
+  // allocated blocks of its stream's segments there, none also in the
+  // pointer table; a shard not in use holds no block.
+  absl::Status check_shards() const;
   // How many blocks are allocated, and each of them (the pointer table's
   // and the shards'). Require mu.
   std::size_t live_count() const;

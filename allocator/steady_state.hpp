@@ -71,12 +71,11 @@ inline void* Allocator::Impl::allocate_in_shard(detail::StreamShard& shard, int 
     return nullptr;
   }
   detail::FreeIndex* index = shard.indexes[static_cast<std::size_t>(policy.class_of(rounded))];
-  // A quick-cache hit hands out at most 1/4 more than `rounded`; a split
-  // of the free index, `rounded` within a granule.
-  const auto most = static_cast<std::int64_t>(rounded + rounded / 4 + policy.granularity);
-  const AllocatorStats& delta = shard.books.stats;
-  if (delta.allocated_bytes.current + most > shard.allow_allocated_bytes ||
-      delta.requested_bytes.current + static_cast<std::int64_t>(bytes) >
+  // Room below the peaks: the request's bytes and one block are known
+  // now; the block's size (a quick-cache hit may be up to 1/4 larger than
+  // `rounded`) only once it is taken, which is undone if it passes.
+  AllocatorStats& delta = shard.books.stats;
+  if (delta.requested_bytes.current + static_cast<std::int64_t>(bytes) >
           shard.allow_requested_bytes ||
       delta.allocated_blocks.current + 1 > shard.allow_allocated_blocks) {
     shard.short_of_room = true;  // a larger share at the next deal
@@ -87,9 +86,19 @@ inline void* Allocator::Impl::allocate_in_shard(detail::StreamShard& shard, int 
     return nullptr;
   }
   shard.live.reserve_one();  // may throw: before a block leaves the pool
-  detail::Block* block = shard.pool->take_cached_from(*index, rounded, bytes, shard.books);
-  if (block == nullptr) block = shard.pool->take_indexed_from(*index, rounded, bytes, shard.books);
+  detail::Pool& pool = *shard.pool;
+  detail::Block* block = pool.take_cached_from(*index, rounded, bytes, shard.books);
+  if (block == nullptr) block = pool.take_indexed_from(*index, rounded, bytes, shard.books);
   if (block == nullptr) return nullptr;
+  if (delta.allocated_bytes.current > shard.allow_allocated_bytes) [[unlikely]] {
+    // Back into the index (merged), neither the allocation nor the free
+    // counted: the general path takes the request and raises the peak.
+    pool.give_back(block, shard.books);
+    --delta.allocations;
+    --delta.frees;
+    shard.short_of_room = true;
+    return nullptr;
+  }
   block->sequence = shard.next_sequence++;
   shard.live.insert_reserved(block->addr, block);
   block->handed_out = true;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <new>
 
+#include "absl/strings/str_format.h"
+
 #include "allocator/allocator_impl.hpp"
 
 namespace capalloc {
@@ -170,6 +172,51 @@ std::size_t Allocator::Impl::live_slot(std::uintptr_t addr) {
     return live.find_slot(addr);
   }
   return detail::BlockTable::kNoSlot;
+}
+
+absl::Status Allocator::Impl::check_shards() const {
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const StreamShard& shard = *shards[i];
+    const AllocatorStats& delta = shard.books.stats;
+    if (delta.allocated_bytes.current != 0 || delta.requested_bytes.current != 0 ||
+        delta.allocated_blocks.current != 0 || delta.free_blocks != 0 ||
+        delta.pending_free_blocks != 0 || delta.allocations != 0 || delta.frees != 0 ||
+        shard.books.free_bytes != 0) {
+      return absl::InternalError(absl::StrFormat("shard %d: deltas left after the fold", i));
+    }
+    if (!shard.in_use) {
+      if (shard.live.size() != 0) {
+        return absl::InternalError(
+            absl::StrFormat("shard %d is not in use but holds %d blocks", i, shard.live.size()));
+      }
+      continue;
+    }
+    if (shard_slots.at(detail::ShardSlots::slot_of(shard.device, shard.stream)) != &shard) {
+      return absl::InternalError(absl::StrFormat(
+          "shard %d (device %d, stream 0x%x) is not in its key's slot", i, shard.device,
+          shard.stream));
+    }
+    if (shard.device < 0 || static_cast<std::size_t>(shard.device) >= devices.size() ||
+        shard.pool != devices[shard.device].default_pool.get()) {
+      return absl::InternalError(
+          absl::StrFormat("shard %d does not serve device %d's default pool", i, shard.device));
+    }
+    absl::Status bad;
+    shard.live.for_each([&](std::uintptr_t addr, const detail::Block* b) {
+      if (!bad.ok()) return;
+      const detail::Segment& segment = *b->segment;
+      if (b->addr != addr || b->state != BlockState::kAllocated || !b->handed_out ||
+          segment.pool != shard.pool || segment.stream != shard.stream ||
+          live.find(addr) != nullptr) {
+        bad = absl::InternalError(absl::StrFormat(
+            "shard %d (stream 0x%x) holds block 0x%x, which is not an allocated block of its "
+            "stream's segments, or is in the pointer table too",
+            i, shard.stream, addr));
+      }
+    });
+    if (!bad.ok()) return bad;
+  }
+  return absl::OkStatus();
 }
 
 std::size_t Allocator::Impl::live_count() const {

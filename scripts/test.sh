@@ -145,8 +145,8 @@ step "ASan+UBSan suite" asan_suite
 # (stress_1m, stress_threads) run in steps 1 and 2, not here: the CLI's
 # sources cost about 150 s of compile under TSan, for a front end that runs
 # the same driver (`--sanitize thread` still builds and runs everything).
-tsan_targets="runtime_host_test allocator_test c_api_test reliability_test release_test capture_tracker_test stress_driver_test"
+tsan_targets="runtime_host_test allocator_test allocator_shards_test c_api_test reliability_test release_test capture_tracker_test stress_driver_test"
 step "TSan concurrency and stress" build_and_test tsan build-tsan "$tsan_targets" \
-  -R '^(runtime_host_test|allocator_test|c_api_test|reliability_test|release_test|capture_tracker_test|stress_driver_test):'
+  -R '^(runtime_host_test|allocator_test|allocator_shards_test|c_api_test|reliability_test|release_test|capture_tracker_test|stress_driver_test):'
 
 step "fuzz the C ABI (60 s)" bash scripts/fuzz.sh --seconds 60
