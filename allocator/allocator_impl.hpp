@@ -123,15 +123,19 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
     explicit GeneralLock(Impl& impl) : impl_(impl) {}
     void lock() {
       futex_.lock();
-      if (!impl_.shards.empty()) impl_.fold_shards();
+      if (sharded_) impl_.fold_shards();
     }
     void unlock() {
-      if (!impl_.shards.empty()) impl_.deal_shards();
+      if (sharded_) impl_.deal_shards();
       futex_.unlock();
     }
+    // A shard was made (maybe_make_shard, under the lock): from now on the
+    // lock folds and deals.
+    void note_sharded() { sharded_ = true; }
 
    private:
     detail::FutexMutex futex_;
+    bool sharded_ = false;
     Impl& impl_;
   };
   // The lock on a cache line of its own, apart from what allocate() reads
@@ -486,7 +490,12 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // The slot in the pointer table of the allocated block at `addr`, its
   // entry moved there from a shard's table if that is where it was;
   // BlockTable::kNoSlot when neither holds it. Requires mu.
-  std::size_t live_slot(std::uintptr_t addr);
+  std::size_t live_slot(std::uintptr_t addr) {
+    const std::size_t slot = live.find_slot(addr);
+    return slot != detail::BlockTable::kNoSlot || shards.empty() ? slot : adopt_from_shard(addr);
+  }
+  // live_slot past the pointer table.
+  std::size_t adopt_from_shard(std::uintptr_t addr);
   // The shards' invariants (CheckInvariants; requires mu, so that every
   // shard is folded): no delta left; a shard in use is found through its
   // key's slot, serves its device's default pool, and its table holds only
@@ -514,7 +523,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
                           std::size_t bytes, std::size_t rounded);
   bool free_in_shard(detail::StreamShard& shard, std::uintptr_t addr, int device);
   // free_in_shard in `first` (when not null), then in every other shard
-  // found in the slots: a free that names no stream (Allocator::deallocate)
+  // made: a free that names no stream (Allocator::deallocate)
   // of a block another stream's shard handed out (two streams taking turns
   // on one thread, a block freed by another thread than its allocator's).
   bool free_in_any_shard(std::uintptr_t addr, int device, detail::StreamShard* first);

@@ -61,6 +61,7 @@ FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) cons
 FreeIndex* Pool::make_index(StreamHandle stream, SizeClass size_class) {
   auto& slot = indexes_[IndexKey{stream, size_class}];
   if (!slot) {
+    ++index_generation_;
     slot = std::make_unique<FreeIndex>(policy_.granule_shift);
     if (stream == kOrphanKey) slot->quick.refuse_all();
   }
@@ -344,6 +345,7 @@ void Pool::drop_unused_indexes() {
       if (seen.index == it->second.get()) seen.index = nullptr;
     }
     indexes_.erase(it++);
+    ++index_generation_;
   }
 }
 

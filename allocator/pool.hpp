@@ -269,6 +269,9 @@ class Pool {
   FreeIndex* index_of(StreamHandle stream, SizeClass size_class) const {
     return lookup_index({stream, size_class});
   }
+  // Changes whenever a free index is made or dropped: what index_of found
+  // before still holds while it is the same.
+  std::uint64_t index_generation() const { return index_generation_; }
 
   absl::Status check_invariants() const;
 
@@ -370,6 +373,7 @@ class Pool {
   mutable IndexEntry recent_[2];
   mutable IndexEntry seen_[std::size_t{1} << kSeenBits];
   PoolBooks books_;
+  std::uint64_t index_generation_ = 0;
   // Segments whose stream is gone (Segment::orphaned), in no order.
   std::vector<Segment*> orphans_;
 };

@@ -133,9 +133,10 @@ inline bool Allocator::Impl::free_in_any_shard(std::uintptr_t addr, int device,
     std::lock_guard lock(first->mu);
     if (free_in_shard(*first, addr, device)) return true;
   }
-  for (std::size_t slot = 0; slot < detail::ShardSlots::kSlots; ++slot) {
-    detail::StreamShard* shard = shard_slots.at(slot);
-    if (shard == nullptr || shard == first) continue;
+  const std::size_t made = shard_slots.made();
+  for (std::size_t i = 0; i < made; ++i) {
+    detail::StreamShard* shard = shard_slots.made(i);
+    if (shard == first) continue;
     std::lock_guard lock(shard->mu);
     if (free_in_shard(*shard, addr, device)) return true;
   }

@@ -58,8 +58,11 @@ void Allocator::Impl::deal_shards() noexcept {
                     !(listener != nullptr && devices[shard.device].routes > 0) &&
                     is_known_stream(shard.stream);
     if (!shard.enabled) continue;
-    for (std::size_t c = 0; c < shard.indexes.size(); ++c) {
-      shard.indexes[c] = shard.pool->index_of(shard.stream, static_cast<detail::SizeClass>(c));
+    if (shard.index_generation != shard.pool->index_generation()) {
+      shard.index_generation = shard.pool->index_generation();
+      for (std::size_t c = 0; c < shard.indexes.size(); ++c) {
+        shard.indexes[c] = shard.pool->index_of(shard.stream, static_cast<detail::SizeClass>(c));
+      }
     }
     if (shard.next_sequence == shard.end_sequence ||
         (has_checkpoint && shard.next_sequence <= latest_checkpoint)) {
@@ -121,6 +124,8 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
       return;  // no shard: the stream keeps the one-lock path
     }
     shard = shards.back().get();
+    shard_slots.add_made(shard);
+    mu.note_sharded();
   }
   shard->device = device;
   shard->stream = stream;
@@ -128,6 +133,7 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
   shard->in_use = true;
   shard->enabled = false;
   shard->indexes = {};
+  shard->index_generation = ~std::uint64_t{0};
   shard->next_sequence = shard->end_sequence = 0;
   shard_slots.set(slot, shard);
 }
@@ -160,8 +166,7 @@ detail::Block* Allocator::Impl::find_live(std::uintptr_t addr) const {
   return nullptr;
 }
 
-std::size_t Allocator::Impl::live_slot(std::uintptr_t addr) {
-  if (std::size_t slot = live.find_slot(addr); slot != detail::BlockTable::kNoSlot) return slot;
+std::size_t Allocator::Impl::adopt_from_shard(std::uintptr_t addr) {
   for (const auto& shard : shards) {
     const std::size_t in_shard = shard->live.find_slot(addr);
     if (in_shard == detail::BlockTable::kNoSlot) continue;

@@ -64,6 +64,8 @@ struct StreamShard {
   // none yet (the general path makes it with the stream's first segment of
   // the class).
   std::array<FreeIndex*, 3> indexes{};
+  // The pool's index_generation() when `indexes` were found; ~0: never.
+  std::uint64_t index_generation = ~std::uint64_t{0};
   // Room below the pool's peaks, against books.stats' deltas.
   std::int64_t allow_allocated_bytes = 0;
   std::int64_t allow_requested_bytes = 0;
@@ -101,9 +103,20 @@ class ShardSlots {
   void set(std::size_t slot, StreamShard* shard) {
     slots_[slot].store(shard, std::memory_order_release);
   }
+  // Every shard made, in the order made (none is destroyed before the
+  // allocator): what a free that names no stream searches.
+  std::size_t made() const { return made_count_.load(std::memory_order_acquire); }
+  StreamShard* made(std::size_t i) const { return made_[i].load(std::memory_order_relaxed); }
+  void add_made(StreamShard* shard) {
+    const std::size_t n = made_count_.load(std::memory_order_relaxed);
+    made_[n].store(shard, std::memory_order_relaxed);
+    made_count_.store(n + 1, std::memory_order_release);
+  }
 
  private:
   std::array<std::atomic<StreamShard*>, kSlots> slots_{};
+  std::array<std::atomic<StreamShard*>, kSlots> made_{};
+  std::atomic<std::size_t> made_count_{0};
 };
 
 // The shard this thread last allocated through, and its allocator's id
