@@ -25,6 +25,9 @@ constexpr std::int64_t kShortShares = 3;
 
 void fold_counter(StatCounter& into, std::int64_t delta) { detail::bump(into, delta); }
 
+// Room times a headroom, both up to 2^63, before the division.
+__extension__ using Wide = __int128;
+
 }  // namespace
 
 void Allocator::Impl::fold_shards() noexcept {
@@ -36,9 +39,16 @@ void Allocator::Impl::fold_shards() noexcept {
     AllocatorStats& delta = shard.books.stats;
     // The allowances kept each current value at or below its peak, so the
     // bump raises no peak.
-    fold_counter(into.stats.allocated_bytes, delta.allocated_bytes.current);
-    fold_counter(into.stats.requested_bytes, delta.requested_bytes.current);
-    fold_counter(into.stats.allocated_blocks, delta.allocated_blocks.current);
+    const StatCounter* deltas[3] = {&delta.allocated_bytes, &delta.requested_bytes,
+                                    &delta.allocated_blocks};
+    StatCounter* totals[3] = {&into.stats.allocated_bytes, &into.stats.requested_bytes,
+                              &into.stats.allocated_blocks};
+    for (std::size_t k = 0; k < 3; ++k) {
+      fold_counter(*totals[k], deltas[k]->current);
+      StreamShard::Held& held = shard.held[k];
+      held.most = std::max(held.most, held.now + deltas[k]->peak);
+      held.now += deltas[k]->current;
+    }
     into.stats.free_blocks += delta.free_blocks;
     into.stats.pending_free_blocks += delta.pending_free_blocks;
     into.stats.allocations += delta.allocations;
@@ -76,27 +86,39 @@ void Allocator::Impl::deal_shards() noexcept {
       // Fewer spares: the shard declines a split it has no block for.
     }
   }
-  // The room below each pool's peaks, shared among its shards that may
-  // serve, so that together they cannot pass a peak: kShortShares shares to
-  // a shard that declined an allocation for want of room since the last
-  // deal, one to each other.
+  // The room below each pool's peaks, dealt among its shards that may
+  // serve so that together they cannot pass a peak: first to each the room
+  // up to the most it held (its headroom), then what is left, kShortShares
+  // shares to a shard that declined an allocation for want of room since
+  // the last deal and one to each other; where the headrooms add up to more
+  // than the room, each gets the room in proportion to its headroom.
   for (const auto& owned : shards) {
     StreamShard& shard = *owned;
     if (!shard.enabled) continue;
-    std::int64_t shares = 0;
-    for (const auto& other : shards) {
-      if (other->enabled && other->pool == shard.pool) {
+    const AllocatorStats& stats = shard.pool->stats();
+    const StatCounter* totals[3] = {&stats.allocated_bytes, &stats.requested_bytes,
+                                    &stats.allocated_blocks};
+    std::int64_t* allowances[3] = {&shard.allow_allocated_bytes, &shard.allow_requested_bytes,
+                                   &shard.allow_allocated_blocks};
+    const std::int64_t mine = shard.short_of_room ? kShortShares : 1;
+    for (std::size_t k = 0; k < 3; ++k) {
+      auto headroom = [k](const StreamShard& s) {
+        return std::max<std::int64_t>(0, s.held[k].most - s.held[k].now);
+      };
+      std::int64_t headrooms = 0, shares = 0;
+      for (const auto& other : shards) {
+        if (!other->enabled || other->pool != shard.pool) continue;
+        headrooms += headroom(*other);
         shares += other->short_of_room ? kShortShares : 1;
       }
+      const std::int64_t room = totals[k]->peak - totals[k]->current;
+      if (headrooms <= room) {
+        *allowances[k] = headroom(shard) + (room - headrooms) / shares * mine;
+      } else {
+        *allowances[k] =
+            static_cast<std::int64_t>(static_cast<Wide>(room) * headroom(shard) / headrooms);
+      }
     }
-    const std::int64_t mine = shard.short_of_room ? kShortShares : 1;
-    auto share = [&](const StatCounter& counter) {
-      return (counter.peak - counter.current) / shares * mine;
-    };
-    const AllocatorStats& stats = shard.pool->stats();
-    shard.allow_allocated_bytes = share(stats.allocated_bytes);
-    shard.allow_requested_bytes = share(stats.requested_bytes);
-    shard.allow_allocated_blocks = share(stats.allocated_blocks);
   }
   for (const auto& owned : shards) owned->short_of_room = false;
   for (const auto& owned : shards) owned->mu.unlock();
@@ -134,6 +156,7 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
   shard->enabled = false;
   shard->indexes = {};
   shard->index_generation = ~std::uint64_t{0};
+  shard->held = {};
   shard->next_sequence = shard->end_sequence = 0;
   shard_slots.set(slot, shard);
 }
@@ -173,6 +196,9 @@ std::size_t Allocator::Impl::adopt_from_shard(std::uintptr_t addr) {
     live.reserve_one();  // may throw: nothing moved yet
     detail::Block* block = shard->live.block_at(in_shard);
     shard->live.erase_slot(in_shard);
+    shard->held[0].now -= static_cast<std::int64_t>(block->size);
+    shard->held[1].now -= static_cast<std::int64_t>(block->requested);
+    shard->held[2].now -= 1;
     live.insert_reserved(addr, block);
     return live.find_slot(addr);
   }

@@ -73,6 +73,18 @@ struct StreamShard {
   // An allocation declined for want of room since the last deal: the
   // shard's share of the room is larger at the next.
   bool short_of_room = false;
+  // What the shard's allocations hold (allocated bytes, requested bytes,
+  // allocated blocks: net of its frees and of the blocks the general path
+  // took from its table), as of the last fold, and the most they held at
+  // once. The dealer gives each shard the room up to its own most first:
+  // two streams that each keep near their own most leave a pool near its
+  // peak, and an even split would send one of them to the general path at
+  // every step up.
+  struct Held {
+    std::int64_t now = 0;
+    std::int64_t most = 0;
+  };
+  std::array<Held, 3> held{};
   // The sequence numbers [next_sequence, end_sequence) are this shard's.
   std::uint64_t next_sequence = 0;
   std::uint64_t end_sequence = 0;
