@@ -347,7 +347,7 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   // A block a shard handed out is freed there, under the shard's lock
   // alone: the calling thread's last shard first, then the others.
-  if (try_cache) {
+  if (try_cache && m.shard_slots.made() != 0) {
     const detail::ShardHint hint = detail::shard_hint;
     if (m.free_in_any_shard(addr, device, hint.allocator == m.allocator_id ? hint.shard : nullptr)) {
       return absl::OkStatus();

@@ -122,7 +122,11 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
    public:
     explicit GeneralLock(Impl& impl) : impl_(impl) {}
     void lock() {
-      futex_.lock();
+      // Contention says a second thread uses the allocator: shards may pay.
+      if (!futex_.try_lock()) [[unlikely]] {
+        futex_.lock();
+        impl_.threads_seen = true;
+      }
       if (sharded_) impl_.fold_shards();
     }
     void unlock() {
@@ -153,9 +157,15 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   alignas(64) detail::BlockArena arena;
   // Every stream shard made, in lock order (at most kMaxShards; one not in
   // use is reused), and the slots threads find them by. Changed under mu.
-  static constexpr std::size_t kMaxShards = detail::ShardSlots::kSlots;
+  static constexpr std::size_t kMaxShards = detail::ShardSlots::kMaxShards;
   std::vector<std::unique_ptr<detail::StreamShard>> shards;
   detail::ShardSlots shard_slots;
+  // Shards are made only once a second thread has allocated through the
+  // general path (maybe_make_shard) or found the lock taken (GeneralLock):
+  // the first thread that came to the general path, and whether another
+  // thread has shown itself. Under mu.
+  const void* general_thread = nullptr;
+  bool threads_seen = false;
   std::vector<detail::DeviceState> devices;
   detail::BlockTable live;
   std::vector<detail::PendingEvent> pending;
@@ -513,8 +523,7 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   // steady_state.hpp (inline). The shard of (device, stream), or null; its
   // key is checked again under its lock (it may have been reused).
   detail::StreamShard* shard_for(int device, StreamHandle stream) const {
-    detail::StreamShard* shard = shard_slots.at(detail::ShardSlots::slot_of(device, stream));
-    return shard;
+    return shard_slots.find(device, stream);
   }
   // The steady-state allocation and free in a shard, under its lock:
   // nullptr or false, nothing changed, when the shard cannot serve (the

@@ -56,6 +56,9 @@ namespace capalloc {
   live.insert_reserved(block->addr, block);
   if (observer != nullptr) observe_allocation(pool, block, peaks);
   block->handed_out = true;
+  // Threads share the allocator: the stream's next requests may go to a
+  // shard (a stream in steady state may never come to the general path).
+  if (threads_seen) [[unlikely]] maybe_make_shard(device, stream);
   return reinterpret_cast<void*>(block->addr);
 }
 
@@ -198,9 +201,12 @@ inline bool Allocator::Impl::free_in_any_shard(std::uintptr_t addr, int device,
                                                                  StreamHandle stream) {
   const auto addr = reinterpret_cast<std::uintptr_t>(ptr);
   if (addr == 0) return false;  // 0 marks an empty slot of the table
-  if (detail::StreamShard* shard = shard_for(device, stream)) {
-    std::lock_guard lock(shard->mu);
-    if (free_in_shard(*shard, addr, device)) return true;
+  // The named stream's shard first (PyTorch names the allocation's), then
+  // the others: a caller may name another stream than the allocation's.
+  // One load while no shard exists.
+  if (shard_slots.made() != 0 &&
+      free_in_any_shard(addr, device, shard_slots.find_made(device, stream))) {
+    return true;
   }
   std::lock_guard lock(mu);
   if (gone_graphs->any.load(std::memory_order_acquire) ||

@@ -125,8 +125,23 @@ void Allocator::Impl::deal_shards() noexcept {
 }
 
 void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept {
-  const std::size_t slot = detail::ShardSlots::slot_of(device, stream);
-  if (shard_slots.at(slot) != nullptr) return;  // this key's, or another's
+  // Not before a second thread has shown itself (here, or by finding the
+  // lock taken): one thread gains nothing from shards, and its streams
+  // taking turns would pay for them (each general-path call folds and deals
+  // every shard; with eight streams in turn on one thread, churn cost 533
+  // -> about 1,700 instructions a pair). The thread's identity: its shard
+  // hint's address.
+  if (!threads_seen) {
+    const void* me = &detail::shard_hint;
+    if (general_thread != nullptr && general_thread != me) {
+      threads_seen = true;
+    } else {
+      general_thread = me;
+      return;
+    }
+  }
+  // Already served, or no slot for it.
+  if (shard_slots.find(device, stream) != nullptr || !shard_slots.has_room(device, stream)) return;
   StreamShard* shard = nullptr;
   for (const auto& owned : shards) {
     if (!owned->in_use) {
@@ -158,7 +173,7 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
   shard->index_generation = ~std::uint64_t{0};
   shard->held = {};
   shard->next_sequence = shard->end_sequence = 0;
-  shard_slots.set(slot, shard);
+  shard_slots.publish(device, stream, shard);  // has_room: it cannot fail
 }
 
 void Allocator::Impl::retire_shards_of(StreamHandle stream) {
@@ -176,8 +191,7 @@ void Allocator::Impl::retire_shards_of(StreamHandle stream) {
     }
     shard.in_use = false;
     shard.enabled = false;
-    const std::size_t slot = detail::ShardSlots::slot_of(shard.device, stream);
-    if (shard_slots.at(slot) == &shard) shard_slots.set(slot, nullptr);
+    shard_slots.withdraw(&shard);
   }
 }
 
@@ -222,7 +236,7 @@ absl::Status Allocator::Impl::check_shards() const {
       }
       continue;
     }
-    if (shard_slots.at(detail::ShardSlots::slot_of(shard.device, shard.stream)) != &shard) {
+    if (!shard_slots.publishes(shard.device, shard.stream, &shard)) {
       return absl::InternalError(absl::StrFormat(
           "shard %d (device %d, stream 0x%x) is not in its key's slot", i, shard.device,
           shard.stream));

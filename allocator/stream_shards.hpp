@@ -97,23 +97,76 @@ struct StreamShard {
   StreamShard& operator=(const StreamShard&) = delete;
 };
 
-// The shards by (device, stream): one slot per hash of the key, read
-// without a lock. A slot names at most one shard, checked against the key
-// under the shard's lock; a second key of the same slot gets no shard and
-// keeps the one-lock path.
+// The shards by (device, stream), read without a lock: a shard sits in
+// one of kProbe slots from its key's hash, and publishes its key beside the
+// slot, so that a lookup compares keys without taking locks; the key is
+// checked again under the shard's lock, which alone makes it the shard's
+// (a shard may be retired and reused meanwhile). A key whose kProbe slots
+// are all taken gets no shard and keeps the one-lock path.
 class ShardSlots {
  public:
-  static constexpr int kBits = 4;
+  static constexpr std::size_t kMaxShards = 16;
+  static constexpr int kBits = 6;
   static constexpr std::size_t kSlots = std::size_t{1} << kBits;
+  static constexpr std::size_t kProbe = 8;
 
-  static std::size_t slot_of(int device, StreamHandle stream) {
+  static std::size_t home(int device, StreamHandle stream) {
     return fibonacci_slot(static_cast<std::uint64_t>(stream) ^
                               (static_cast<std::uint64_t>(device) << 56),
                           64 - kBits);
   }
-  StreamShard* at(std::size_t slot) const { return slots_[slot].load(std::memory_order_acquire); }
-  void set(std::size_t slot, StreamShard* shard) {
-    slots_[slot].store(shard, std::memory_order_release);
+  // The shard published for (device, stream), or null.
+  StreamShard* find(int device, StreamHandle stream) const {
+    return made() == 0 ? nullptr : find_made(device, stream);  // one load while there is none
+  }
+  // find() once some shard is known to exist.
+  StreamShard* find_made(int device, StreamHandle stream) const {
+    const std::size_t h = home(device, stream);
+    for (std::size_t i = 0; i < kProbe; ++i) {
+      const Slot& slot = slots_[(h + i) & (kSlots - 1)];
+      if (slot.stream.load(std::memory_order_acquire) == stream &&
+          slot.device.load(std::memory_order_acquire) == device) {
+        return slot.shard.load(std::memory_order_acquire);
+      }
+    }
+    return nullptr;
+  }
+  // Whether one of the key's slots is free. Requires the allocator's lock.
+  bool has_room(int device, StreamHandle stream) const {
+    const std::size_t h = home(device, stream);
+    for (std::size_t i = 0; i < kProbe; ++i) {
+      if (slots_[(h + i) & (kSlots - 1)].shard.load(std::memory_order_relaxed) == nullptr) {
+        return true;
+      }
+    }
+    return false;
+  }
+  // Publishes `shard` for (device, stream) in a free slot among its key's;
+  // false when they are all taken. Requires the allocator's lock.
+  bool publish(int device, StreamHandle stream, StreamShard* shard) {
+    const std::size_t h = home(device, stream);
+    for (std::size_t i = 0; i < kProbe; ++i) {
+      Slot& slot = slots_[(h + i) & (kSlots - 1)];
+      if (slot.shard.load(std::memory_order_relaxed) != nullptr) continue;
+      slot.shard.store(shard, std::memory_order_release);
+      slot.device.store(device, std::memory_order_release);
+      slot.stream.store(stream, std::memory_order_release);
+      return true;
+    }
+    return false;
+  }
+  // Unpublishes `shard` (retired). Requires the allocator's lock.
+  void withdraw(const StreamShard* shard) {
+    for (Slot& slot : slots_) {
+      if (slot.shard.load(std::memory_order_relaxed) != shard) continue;
+      slot.stream.store(kNoStream, std::memory_order_release);
+      slot.device.store(-1, std::memory_order_release);
+      slot.shard.store(nullptr, std::memory_order_release);
+    }
+  }
+  // Whether `shard` is published for (device, stream) (CheckInvariants).
+  bool publishes(int device, StreamHandle stream, const StreamShard* shard) const {
+    return find(device, stream) == shard;
   }
   // Every shard made, in the order made (none is destroyed before the
   // allocator): what a free that names no stream searches.
@@ -126,8 +179,13 @@ class ShardSlots {
   }
 
  private:
-  std::array<std::atomic<StreamShard*>, kSlots> slots_{};
-  std::array<std::atomic<StreamShard*>, kSlots> made_{};
+  struct Slot {
+    std::atomic<StreamHandle> stream{kNoStream};
+    std::atomic<int> device{-1};
+    std::atomic<StreamShard*> shard{nullptr};
+  };
+  std::array<Slot, kSlots> slots_{};
+  std::array<std::atomic<StreamShard*>, kMaxShards> made_{};
   std::atomic<std::size_t> made_count_{0};
 };
 

@@ -4,7 +4,8 @@
 // block after them, record_stream still holds a free, a destroyed stream's
 // blocks can still be freed, and two threads on two streams leave the
 // counters and the invariants as one thread would. White-box where it must
-// show that the shards served (Allocator::Impl::shards).
+// show that the shards served (Allocator::Impl::shards). Shards are made
+// only once a second thread uses the allocator (share_with_a_second_thread).
 #include <algorithm>
 #include <mutex>
 #include <random>
@@ -31,6 +32,15 @@ void warm(Allocator& a, StreamHandle stream, int count, std::size_t bytes) {
   for (void* p : held) REQUIRE_OK(a.deallocate(p));
 }
 
+// Shards are made once a second thread uses the allocator: one allocates
+// on a stream of its own (a new segment: the general path) and frees.
+void share_with_a_second_thread(Allocator& a, DeviceRuntime& rt) {
+  std::thread([&] {
+    const StreamHandle own = *rt.create_stream(0);
+    REQUIRE_OK(a.deallocate(*a.allocate(4096, 0, own)));
+  }).join();
+}
+
 // Shards of `a` in use, and the blocks their tables hold now.
 struct ShardCensus {
   std::size_t in_use = 0;
@@ -52,6 +62,7 @@ ShardCensus census(const Allocator& a) {
 TEST_CASE("shards: two streams taking turns keep the peaks and counts exact", "[shards]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle streams[2] = {*rt->create_stream(0), *rt->create_stream(0)};
   std::mt19937_64 rng(7);
   struct Held {
@@ -60,7 +71,7 @@ TEST_CASE("shards: two streams taking turns keep the peaks and counts exact", "[
   };
   std::vector<Held> held[2];
   std::int64_t requested = 0, requested_peak = 0, blocks = 0, blocks_peak = 0;
-  std::uint64_t allocations = 0;
+  std::uint64_t allocations = alloc->stats(0)->allocations;  // the second thread's
   std::size_t most_in_shards = 0;
   for (int op = 0; op < 40000; ++op) {
     const int s = static_cast<int>(rng() % 2);
@@ -115,6 +126,7 @@ TEST_CASE("shards: two streams taking turns keep the peaks and counts exact", "[
 TEST_CASE("shards: a checkpoint orders every later shard allocation after it", "[shards]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle stream = *rt->create_stream(0);
   warm(*alloc, stream, 40, 4096);
   std::vector<void*> before;
@@ -137,6 +149,7 @@ TEST_CASE("shards: a block recorded on another stream waits for it, whichever ta
           "[shards]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle owner = *rt->create_stream(0);
   const StreamHandle reader = *rt->create_stream(0);
   warm(*alloc, owner, 4, 4096);
@@ -170,6 +183,7 @@ TEST_CASE("shards: a destroyed stream's blocks are freed after it, its handle se
           "[shards]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle stream = *rt->create_stream(0);
   warm(*alloc, stream, 40, 8192);
   std::vector<void*> held;
@@ -196,6 +210,7 @@ TEST_CASE("shards: a free naming the wrong device, or twice, is refused and chan
           "[shards]") {
   auto rt = host_runtime(std::size_t{16} << 30, 2);
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle stream = *rt->create_stream(0);
   warm(*alloc, stream, 4, 4096);
   void* p = *alloc->allocate(4096, 0, stream);
@@ -212,6 +227,7 @@ TEST_CASE("shards: two threads on two streams, frees across threads, a reader of
           "[shards][threads]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);
+  share_with_a_second_thread(*alloc, *rt);
   const StreamHandle streams[2] = {*rt->create_stream(0), *rt->create_stream(0)};
   constexpr int kOps = 20000;
   std::mutex handoff_mu;

@@ -192,7 +192,9 @@ absl::Status one_pass(Backend& backend, const Trace& trace, std::vector<void*>& 
   if constexpr (Backend::kSupportsCaptures) {
     if (pools != nullptr) *pools = backend.pool_memory(trace);
   }
-  for (const Trace::LiveBlock& block : trace.live_at_end) backend.free(slots[block.slot], block.size, 0);
+  for (const Trace::LiveBlock& block : trace.live_at_end) {
+    backend.free(slots[block.slot], block.size, block.stream);
+  }
   return backend.end_pass();
 }
 

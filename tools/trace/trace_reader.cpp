@@ -59,6 +59,9 @@ class Decoder {
   bool have_header_ = false;
   std::unordered_map<std::int64_t, std::uint32_t> live_;  // trace id -> slot
   std::unordered_map<std::uint32_t, std::uint64_t> live_sizes_;  // slot -> size
+  // slot -> the allocation's dense stream: a free is replayed on it, as
+  // PyTorch's allocator passes the block's stream to its free function.
+  std::unordered_map<std::uint32_t, std::uint32_t> live_streams_;
   std::vector<std::uint32_t> free_slots_;
   std::unordered_map<std::uint64_t, std::uint32_t> streams_;  // trace stream -> dense
   std::unordered_map<std::uint32_t, std::int64_t> capturing_;  // dense stream -> capture id
@@ -188,6 +191,7 @@ absl::Status Decoder::alloc(const Json& object) {
   live_.emplace(*id, slot);
   const auto bytes = static_cast<std::uint64_t>(*size);
   live_sizes_[slot] = bytes;
+  live_streams_[slot] = *dense_stream;
   live_bytes_ += bytes;
   if (live_bytes_ > trace_.peak_requested_bytes) trace_.peak_requested_bytes = live_bytes_;
   push({.size = bytes, .index = slot, .stream = *dense_stream, .kind = OpKind::kAlloc});
@@ -213,8 +217,10 @@ absl::Status Decoder::free_or_record(const Json& object, OpKind kind) {
   TraceOp op{.index = slot, .stream = dense_stream, .kind = kind};
   if (kind == OpKind::kFree) {
     op.size = live_sizes_[slot];
+    op.stream = live_streams_[slot];
     live_bytes_ -= op.size;
     live_sizes_.erase(slot);
+    live_streams_.erase(slot);
     live_.erase(it);
     free_slots_.push_back(slot);
     ++trace_.frees;
@@ -291,7 +297,9 @@ absl::StatusOr<Trace> Decoder::finish() {
         trace_.name, ": capture ", capturing_.begin()->second, " never ends (no capture_end)"));
   }
   if (trace_.stream_ids.empty()) trace_.stream_ids.push_back(0);
-  for (const auto& [id, slot] : live_) trace_.live_at_end.push_back({slot, live_sizes_[slot]});
+  for (const auto& [id, slot] : live_) {
+    trace_.live_at_end.push_back({slot, live_sizes_[slot], live_streams_[slot]});
+  }
   return std::move(trace_);
 }
 

@@ -81,6 +81,7 @@ struct Trace {
   struct LiveBlock {
     std::uint32_t slot = 0;
     std::uint64_t size = 0;
+    std::uint32_t stream = 0;  // the allocation's (dense)
   };
   std::vector<LiveBlock> live_at_end;  // the blocks the trace never frees
   std::uint64_t peak_requested_bytes = 0;  // most bytes live at once, by the trace's sizes
