@@ -160,6 +160,8 @@ struct CAPALLOC_INTERNAL Allocator::Impl {
   static constexpr std::size_t kMaxShards = detail::ShardSlots::kMaxShards;
   std::vector<std::unique_ptr<detail::StreamShard>> shards;
   detail::ShardSlots shard_slots;
+  // Per device, the room the deal keeps back (made with the first shard).
+  std::vector<std::unique_ptr<detail::RoomReserve>> room_reserves;
   // Shards are made only once a second thread has allocated through the
   // general path (maybe_make_shard) or found the lock taken (GeneralLock):
   // the first thread that came to the general path, and whether another

@@ -77,10 +77,17 @@ inline void* Allocator::Impl::allocate_in_shard(detail::StreamShard& shard, int 
   // Room below the peaks: the request's bytes and one block are known
   // now; the block's size (a quick-cache hit may be up to 1/4 larger than
   // `rounded`) only once it is taken, which is undone if it passes.
+  // Short of room, the shard first takes some of what the last deal kept
+  // back (RoomReserve), else declines.
   AllocatorStats& delta = shard.books.stats;
-  if (delta.requested_bytes.current + static_cast<std::int64_t>(bytes) >
-          shard.allow_requested_bytes ||
-      delta.allocated_blocks.current + 1 > shard.allow_allocated_blocks) {
+  const std::int64_t requested_short =
+      delta.requested_bytes.current + static_cast<std::int64_t>(bytes) -
+      shard.allow_requested_bytes;
+  const std::int64_t blocks_short =
+      delta.allocated_blocks.current + 1 - shard.allow_allocated_blocks;
+  if ((requested_short > 0 &&
+       !shard.reserve->take(1, requested_short, shard.allow_requested_bytes)) ||
+      (blocks_short > 0 && !shard.reserve->take(2, blocks_short, shard.allow_allocated_blocks))) {
     shard.short_of_room = true;  // a larger share at the next deal
     return nullptr;
   }
@@ -93,7 +100,9 @@ inline void* Allocator::Impl::allocate_in_shard(detail::StreamShard& shard, int 
   detail::Block* block = pool.take_cached_from(*index, rounded, bytes, shard.books);
   if (block == nullptr) block = pool.take_indexed_from(*index, rounded, bytes, shard.books);
   if (block == nullptr) return nullptr;
-  if (delta.allocated_bytes.current > shard.allow_allocated_bytes) [[unlikely]] {
+  if (const std::int64_t bytes_short = delta.allocated_bytes.current - shard.allow_allocated_bytes;
+      bytes_short > 0 && !shard.reserve->take(0, bytes_short, shard.allow_allocated_bytes))
+      [[unlikely]] {
     // Back into the index (merged), neither the allocation nor the free
     // counted: the general path takes the request and raises the peak.
     pool.give_back(block, shard.books);

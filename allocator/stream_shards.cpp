@@ -112,12 +112,32 @@ void Allocator::Impl::deal_shards() noexcept {
         shares += other->short_of_room ? kShortShares : 1;
       }
       const std::int64_t room = totals[k]->peak - totals[k]->current;
+      std::int64_t dealt;
       if (headrooms <= room) {
-        *allowances[k] = headroom(shard) + (room - headrooms) / shares * mine;
+        dealt = headroom(shard) + (room - headrooms) / shares * mine;
       } else {
-        *allowances[k] =
-            static_cast<std::int64_t>(static_cast<Wide>(room) * headroom(shard) / headrooms);
+        dealt = static_cast<std::int64_t>(static_cast<Wide>(room) * headroom(shard) / headrooms);
       }
+      // Half now; the rest stays in the device's reserve for whichever
+      // shard runs short first (RoomReserve::take).
+      *allowances[k] = dealt / 2;
+    }
+  }
+  // What is kept back: each device's room less the allowances dealt.
+  for (std::size_t d = 0; d < room_reserves.size(); ++d) {
+    const AllocatorStats& stats = devices[d].default_pool->stats();
+    std::array<std::int64_t, 3> kept = {
+        stats.allocated_bytes.peak - stats.allocated_bytes.current,
+        stats.requested_bytes.peak - stats.requested_bytes.current,
+        stats.allocated_blocks.peak - stats.allocated_blocks.current};
+    for (const auto& owned : shards) {
+      if (!owned->enabled || owned->device != static_cast<int>(d)) continue;
+      kept[0] -= owned->allow_allocated_bytes;
+      kept[1] -= owned->allow_requested_bytes;
+      kept[2] -= owned->allow_allocated_blocks;
+    }
+    for (std::size_t k = 0; k < 3; ++k) {
+      room_reserves[d]->room[k].store(kept[k], std::memory_order_relaxed);
     }
   }
   for (const auto& owned : shards) owned->short_of_room = false;
@@ -152,6 +172,9 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
   if (shard == nullptr) {
     if (shards.size() >= kMaxShards) return;
     try {
+      while (room_reserves.size() < devices.size()) {
+        room_reserves.push_back(std::make_unique<detail::RoomReserve>());
+      }
       shards.reserve(shards.size() + 1);
       auto made = std::make_unique<StreamShard>();
       // Held as every shard's is while mu is: deal_shards releases it.
@@ -167,6 +190,7 @@ void Allocator::Impl::maybe_make_shard(int device, StreamHandle stream) noexcept
   shard->device = device;
   shard->stream = stream;
   shard->pool = devices[device].default_pool.get();
+  shard->reserve = room_reserves[static_cast<std::size_t>(device)].get();
   shard->in_use = true;
   shard->enabled = false;
   shard->indexes = {};

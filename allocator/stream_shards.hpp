@@ -32,6 +32,7 @@
 #ifndef CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
 #define CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -45,6 +46,29 @@
 
 namespace capalloc::detail {
 
+// Room below a device's default pool's peaks that the last deal kept
+// back from the shards' allowances (allocated bytes, requested bytes,
+// allocated blocks): a shard short of room takes some with a
+// compare-and-swap, under its own lock alone, instead of the allocator's
+// lock. Set only under the allocator's lock (every shard's held).
+struct RoomReserve {
+  alignas(64) std::array<std::atomic<std::int64_t>, 3> room{};
+
+  // Moves at least `need` (and up to a quarter of what is kept, if more)
+  // into `allowance`; false, nothing moved, when less than `need` is kept.
+  bool take(std::size_t k, std::int64_t need, std::int64_t& allowance) {
+    std::int64_t kept = room[k].load(std::memory_order_relaxed);
+    while (kept >= need) {
+      const std::int64_t taking = std::max(need, kept / 4);
+      if (room[k].compare_exchange_weak(kept, kept - taking, std::memory_order_relaxed)) {
+        allowance += taking;
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
 struct StreamShard {
   // On a cache line of its own: the one line the shard's thread and the
   // allocator's lock both write.
@@ -54,6 +78,7 @@ struct StreamShard {
   alignas(64) int device = 0;
   StreamHandle stream = kDefaultStream;
   Pool* pool = nullptr;  // the device's default pool
+  RoomReserve* reserve = nullptr;  // the device's
   bool in_use = false;   // serves (device, stream); else free for reuse
   // The steady-state path may use the shard: nothing the general path must
   // see is set (an observer, pending frees, a listener with a capture routed
