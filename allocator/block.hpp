@@ -109,9 +109,18 @@ class BlockArena {
   bool has_spare() const { return free_list_ != nullptr; }
   // Blocks on the free list.
   std::size_t spare() const { return spare_; }
-  // Grows until `n` blocks are spare (it may throw).
-  void reserve(std::size_t n) {
+  // Moves `n` blocks of the free list to `to` (a stream shard's, and
+  // back), growing first when fewer are spare (it may throw).
+  void lend(BlockArena& to, std::size_t n) {
     while (spare_ < n) grow();
+    for (std::size_t i = 0; i < n; ++i) {
+      Block* b = free_list_;
+      free_list_ = b->next;
+      b->next = to.free_list_;
+      to.free_list_ = b;
+    }
+    spare_ -= n;
+    to.spare_ += n;
   }
 
   void recycle(Block* b) {

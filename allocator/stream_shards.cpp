@@ -19,6 +19,7 @@ using detail::StreamShard;
 // (a take splits at most one block; merges give blocks back to it).
 constexpr std::uint64_t kSequenceBatch = 4096;
 constexpr std::size_t kSpareBlocks = 16;
+constexpr std::size_t kMostSpareBlocks = 64;
 // The shares of the room below a pool's peaks that a shard short of room
 // gets at a deal, against one for each other shard.
 constexpr std::int64_t kShortShares = 3;
@@ -80,10 +81,19 @@ void Allocator::Impl::deal_shards() noexcept {
       next_sequence += kSequenceBatch;
       shard.end_sequence = next_sequence;
     }
+    // Spares from the allocator's arena, and what a shard's merges piled
+    // up back to it: blocks move between the shards' arenas and the
+    // allocator's (a shard splits a block the general path merges, and the
+    // other way round), so an arena of its own would drain or swell.
     try {
-      shard.spares.reserve(kSpareBlocks);
+      if (shard.spares.spare() < kSpareBlocks) {
+        arena.lend(shard.spares, kSpareBlocks - shard.spares.spare());
+      }
     } catch (const std::bad_alloc&) {
       // Fewer spares: the shard declines a split it has no block for.
+    }
+    if (shard.spares.spare() > kMostSpareBlocks) {
+      shard.spares.lend(arena, shard.spares.spare() - kSpareBlocks);
     }
   }
   // The room below each pool's peaks, dealt among its shards that may
