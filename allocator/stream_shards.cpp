@@ -18,8 +18,8 @@ using detail::StreamShard;
 // Sequence numbers a shard gets at a time, and the spare blocks it keeps
 // (a take splits at most one block; merges give blocks back to it).
 constexpr std::uint64_t kSequenceBatch = 4096;
-constexpr std::size_t kSpareBlocks = 16;
-constexpr std::size_t kMostSpareBlocks = 64;
+constexpr std::size_t kSpareBlocks = 256;
+constexpr std::size_t kMostSpareBlocks = 1024;
 // The shares of the room below a pool's peaks that a shard short of room
 // gets at a deal, against one for each other shard.
 constexpr std::int64_t kShortShares = 3;
