@@ -358,15 +358,19 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
   // (free_cached_locked) when no report is waiting, else the general path
   // with the block that lookup found. (Blocks born in captures take the
   // general path, and used to pay the lock and the lookup twice.) A block
-  // of a shard's table moves to the pointer table (live_slot).
+  // of a shard's table is found there and moves to the pointer table only
+  // once its free goes ahead (live_slot, below): a refused free moves
+  // nothing.
   Block* block = nullptr;
   const bool reports = m.gone_graphs->any.load(std::memory_order_acquire) ||
                        m.gone_streams->any.load(std::memory_order_acquire);
   if (reports) m.apply_runtime_reports();
-  const std::size_t slot = m.live_slot(addr);  // free_block's, when known
+  std::size_t slot = m.live.find_slot(addr);  // free_block's, when known
   if (slot != detail::BlockTable::kNoSlot) {
     if (!reports && try_cache && m.free_cached_locked(slot, device)) return absl::OkStatus();
     block = m.live.block_at(slot);
+  } else if (!m.shards.empty()) {
+    block = m.find_live(addr);
   }
   if (block == nullptr) return m.diagnose_unknown(ptr, "deallocate");
   const int owner = block->segment->device;
@@ -409,6 +413,9 @@ absl::Status Allocator::Impl::deallocate(void* ptr, int device,
            : BlockEvent{};
   const std::uint64_t sequence = block->sequence;
   // The table is unchanged since the lookup: free_block reuses its slot.
+  // A block of a shard's table moves to the pointer table now (it may
+  // throw, before anything changed).
+  if (slot == detail::BlockTable::kNoSlot) slot = m.live_slot(addr);
   if (absl::Status s = m.free_block(block, slot); !s.ok()) return s;
   if (m.observer != nullptr) m.observer->on_free(sequence);
   // Told only once the free has happened: a free that failed (its block left

@@ -218,6 +218,7 @@ TEST_CASE("shards: a free naming the wrong device, or twice, is refused and chan
   const AllocatorStats before = *alloc->stats(0);
   CHECK(alloc->deallocate(p, 1).code() == absl::StatusCode::kInvalidArgument);
   CHECK(capalloc::testing::same_state(before, *alloc->stats(0)));
+  CHECK(census(*alloc).blocks == 1);  // still the shard's: a refused free moves nothing
   REQUIRE_OK(alloc->deallocate(p, 0));
   CHECK_FALSE(alloc->deallocate(p).ok());
   REQUIRE_OK(alloc->CheckInvariants());
