@@ -24,8 +24,6 @@ constexpr std::size_t kMostSpareBlocks = 1024;
 // gets at a deal, against one for each other shard.
 constexpr std::int64_t kShortShares = 3;
 
-void fold_counter(StatCounter& into, std::int64_t delta) { detail::bump(into, delta); }
-
 // Room times a headroom, both up to 2^63, before the division.
 __extension__ using Wide = __int128;
 
@@ -45,7 +43,7 @@ void Allocator::Impl::fold_shards() noexcept {
     StatCounter* totals[3] = {&into.stats.allocated_bytes, &into.stats.requested_bytes,
                               &into.stats.allocated_blocks};
     for (std::size_t k = 0; k < 3; ++k) {
-      fold_counter(*totals[k], deltas[k]->current);
+      detail::bump(*totals[k], deltas[k]->current);
       StreamShard::Held& held = shard.held[k];
       held.most = std::max(held.most, held.now + deltas[k]->peak);
       held.now += deltas[k]->current;

@@ -27,8 +27,9 @@
 // table by searching the shards (Allocator::Impl::find_live).
 //
 // A shard serves one (device, stream) of a default pool; a thread finds it
-// without a lock through ShardSlots (a slot per hash of the key, checked
-// under the shard's lock, since a shard may be retired and reused).
+// without a lock through ShardSlots (its key published beside one of a
+// few slots from the key's hash; checked again under the shard's lock,
+// since a shard may be retired and reused).
 #ifndef CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
 #define CAPALLOC_ALLOCATOR_STREAM_SHARDS_HPP_
 
