@@ -39,16 +39,26 @@ bool writes_whole(const RecordedWrite& a, bool optimistic) {
   return a.mode == AccessMode::kWrite || (optimistic && a.mode == AccessMode::kTouch);
 }
 
-// `own`: the victim's accesses in `record` overlapping `range`
-// (victim_accesses).
-std::vector<MemorySpan> left_clobbered(const IndexedRecord& record,
-                                       const std::vector<const RecordedWrite*>& own,
-                                       MemorySpan range, std::size_t clobber,
-                                       bool optimistic) {
-  // Nothing through the victim there: the whole range stays clobbered.
-  if (own.empty()) return {range};
-  const GraphOrder& order = record.order;
+// Vectors the alias rule's inner loops fill and clear, kept by the caller
+// across calls so that, once grown, they do not allocate.
+struct SpanScratch {
   std::vector<MemorySpan> restored;
+  std::vector<MemorySpan> between;
+};
+
+// Sets `harmed` to the bytes left harmed, as a range set. `own`: the
+// victim's accesses in `record` overlapping `range` (victim_accesses).
+void left_clobbered(const IndexedRecord& record, const std::vector<const RecordedWrite*>& own,
+                    MemorySpan range, std::size_t clobber, bool optimistic,
+                    SpanScratch& scratch, std::vector<MemorySpan>& harmed) {
+  harmed.clear();
+  // Nothing through the victim there: the whole range stays clobbered.
+  if (own.empty()) {
+    harmed.push_back(range);
+    return;
+  }
+  const GraphOrder& order = record.order;
+  scratch.restored.clear();
   bool restored_whole = false;  // one restoring write covers the range (common: the
                                 // victim's own output write after a transient's)
   for (const RecordedWrite* a : own) {
@@ -57,28 +67,25 @@ std::vector<MemorySpan> left_clobbered(const IndexedRecord& record,
         restored_whole = true;
         break;
       }
-      restored.push_back(a->span);
+      scratch.restored.push_back(a->span);
     }
   }
-  std::vector<MemorySpan> harmed;
-  if (!restored_whole) harmed = subtract(range, std::move(restored));
+  if (!restored_whole) subtract_into(range, scratch.restored, harmed);
   for (const RecordedWrite* a : own) {
     if (writes_whole(*a, optimistic) || a->position == clobber ||
         order.before(a->position, clobber)) {
       continue;
     }
-    std::vector<MemorySpan> between;
+    scratch.between.clear();
     for (const RecordedWrite* w : own) {
       if (writes_whole(*w, optimistic) && order.before(clobber, w->position) &&
           order.before(w->position, a->position)) {
-        between.push_back(w->span);
+        scratch.between.push_back(w->span);
       }
     }
-    for (const MemorySpan& r : subtract(intersect(range, a->span), std::move(between))) {
-      harmed.push_back(r);
-    }
+    subtract_into(intersect(range, a->span), scratch.between, harmed);
   }
-  return merged(std::move(harmed));
+  merge_in_place(harmed);
 }
 
 // The bytes of `range` (a part of `victim`), read through another block by
@@ -262,13 +269,8 @@ std::vector<std::pair<GraphHandle, std::size_t>> WriteIndex::through(
   std::vector<std::pair<GraphHandle, std::size_t>> out;
   auto it = by_writer_.find(sequence);
   if (it == by_writer_.end()) return out;
-  struct ThroughEntry {
-    std::uintptr_t begin;
-    std::uint64_t added;  // order of addition, for ties on `begin`
-    GraphHandle graph;
-    std::size_t write;
-  };
-  std::vector<ThroughEntry> entries;
+  std::vector<ThroughEntry>& entries = through_entries_;
+  entries.clear();
   for (const Accessor& a : it->second) {
     for (std::size_t i : a.record->accesses_through(sequence)) {
       entries.push_back(
@@ -322,7 +324,7 @@ void WriteIndex::overlapping(int device, MemorySpan span,
   });
 }
 
-void classify(Finding& f, std::vector<VictimAccess> accesses) {
+void classify(Finding& f, std::vector<VictimAccess>& accesses) {
   const auto hazard = [&f](std::string reason) {
     f.severity = Severity::kHazard;
     f.severity_reason = std::move(reason);
@@ -640,6 +642,10 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
   // The victim's own accesses (per candidate: those overlapping its bytes).
   const absl::Span<const std::size_t> through = r.accesses_through(victim.sequence);
   std::vector<const RecordedWrite*> own;
+  // Each candidate's harmed bytes, pessimistic and optimistic, in vectors
+  // reused from candidate to candidate.
+  std::vector<MemorySpan> left, left_optimistic;
+  SpanScratch scratch;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
     if (w.mode == AccessMode::kRead) continue;  // reads never clobber
@@ -654,9 +660,11 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
         if (a.span.overlaps(overlap)) own.push_back(&a);
       }
     }
-    std::vector<MemorySpan> left =
-        footprint ? std::vector<MemorySpan>{overlap}
-                  : left_clobbered(r, own, overlap, w.position, /*optimistic=*/false);
+    if (footprint) {
+      left.assign(1, overlap);
+    } else {
+      left_clobbered(r, own, overlap, w.position, /*optimistic=*/false, scratch, left);
+    }
     if (left.empty()) continue;
     // Whether only a mode the evidence does not give makes this harm: the
     // clobbering access is a touch, or inferred writes would undo it. The
@@ -665,16 +673,17 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
     const bool own_touches = std::any_of(own.begin(), own.end(), [](const RecordedWrite* a) {
       return a->mode == AccessMode::kTouch;
     });
-    const bool unknown =
-        !footprint && (w.mode == AccessMode::kTouch ||
-                       (own_touches &&
-                        left_clobbered(r, own, overlap, w.position, true).empty()));
+    bool unknown = !footprint && w.mode == AccessMode::kTouch;
+    if (!footprint && !unknown && own_touches) {
+      left_clobbered(r, own, overlap, w.position, /*optimistic=*/true, scratch, left_optimistic);
+      unknown = left_optimistic.empty();
+    }
     Finding& g = add_to_finding(f, r, victim, Harm::kClobber, left, out);
     g.mode_unknown = (g.clobbering_writes == 1 || g.mode_unknown) && unknown;
     if (g.clobbering_writes == 1 || w.position >= g.write_position) {
       name_access(g, w);
       named_position = w.position;
-      named_left = std::move(left);
+      named_left.swap(left);  // `left` is refilled for the next candidate
     }
     // Footprint and touches give whole blocks: upper bounds, labelled so.
     g.ranges_exact = g.ranges_exact && w.evidence != WriteEvidence::kFootprint &&

@@ -113,6 +113,15 @@ class WriteIndex {
     std::uint64_t base;
   };
   absl::flat_hash_map<std::uint64_t, absl::InlinedVector<Accessor, 1>> by_writer_;
+  // `through`'s accesses before they are sorted, in a vector kept across
+  // calls (it allocates only while it grows).
+  struct ThroughEntry {
+    std::uintptr_t begin;
+    std::uint64_t added;  // order of addition, for ties on `begin`
+    GraphHandle graph;
+    std::size_t write;
+  };
+  mutable std::vector<ThroughEntry> through_entries_;
   struct Entry {
     GraphHandle graph;
     std::size_t write;
@@ -139,7 +148,8 @@ struct VictimAccess {
 // Sets f.severity and f.severity_reason from the victim's lifetime and
 // `accesses`, every graph's accesses through the victim (the rule is in
 // capalloc/capture.hpp at Severity, with examples in docs/design.md).
-void classify(Finding& f, std::vector<VictimAccess> accesses);
+// Reorders `accesses` (by graph, stably).
+void classify(Finding& f, std::vector<VictimAccess>& accesses);
 // Appends the stale-read finding of `record` against `victim`, if any: the
 // graph reads the victim's bytes through another block (freed since, or no
 // block) without writing them first in the same replay.

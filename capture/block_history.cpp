@@ -30,14 +30,14 @@ std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uin
   o.block = block;
   o.alloc_tick = alloc_tick;
   o.device = device;
-  DeviceIndex& d = devices_[device];
+  DeviceIndex& d = device_index(device);
   d.all.add(block.span().begin(), block.size, index);
   if (!freed_next) index_live(device, o, index);
   return index;
 }
 
 void BlockHistory::index_live(int device, Occupant& o, std::size_t index) {
-  DeviceIndex& d = devices_[device];
+  DeviceIndex& d = device_index(device);
   o.live_indexed = true;
   d.live.add(o.block.span().begin(), o.block.size, index);
   if (o.block.capture == 0) d.live_outside.add(o.block.span().begin(), o.block.size, index);
@@ -63,7 +63,7 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   const std::size_t index = note_index(device, block, 0, /*freed_next=*/false);
   Occupant& o = *slots_[index];
   if (!o.live()) return;  // already recorded
-  DeviceIndex& d = devices_[device];
+  DeviceIndex& d = device_index(device);
   assert(o.device == device);
   assert(d.freed.empty() || slots_[d.freed.back()]->free_tick <= free_tick);
   o.free_tick = free_tick;
@@ -77,7 +77,7 @@ void BlockHistory::freed(int device, const BlockRef& block, std::uint64_t free_t
   d.freed.push_back(index);
 }
 
-void BlockHistory::rebuild(std::deque<Occupant> occupants,
+void BlockHistory::rebuild(Occupants occupants,
                            const std::vector<std::size_t>& renumbered) {
   // Each device's freed list is in free order already (freed() is called
   // in tick order): the kept ones keep it, renumbered, each under its own
@@ -91,12 +91,13 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
     std::vector<std::size_t> unlisted;  // freed, in no list
     std::vector<std::size_t> carried;   // freed, from the lists, in free order
   };
-  absl::flat_hash_map<int, Rebuilt> rebuilt;
+  // Every occupant's device has its index already: by device number.
+  std::vector<Rebuilt> rebuilt(devices_.size());
   std::vector<bool> listed(occupants.size(), false);  // by new index
-  for (const auto& [device, d] : devices_) {
+  for (const DeviceIndex& d : devices_) {
     for (std::size_t old : d.freed) {
       if (const std::size_t i = renumbered[old]; i != kDropped && !listed[i]) {
-        rebuilt[occupants[i].device].carried.push_back(i);
+        rebuilt[static_cast<std::size_t>(occupants[i].device)].carried.push_back(i);
         listed[i] = true;
       }
     }
@@ -104,7 +105,7 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
   occupants_ = std::move(occupants);
   slots_.clear();
   slots_.reserve(occupants_.size());
-  for (Occupant& o : occupants_) slots_.push_back(&o);
+  for (std::size_t i = 0; i < occupants_.size(); ++i) slots_.push_back(&occupants_[i]);
   visited_ += occupants_.size();
   by_sequence_.clear();
   by_sequence_.reserve(occupants_.size());
@@ -113,8 +114,8 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
     Occupant& o = *slots_[i];
     const int device = o.device;
     by_sequence_.emplace(o.block.sequence, i);
-    devices_[device].all.add(o.block.span().begin(), o.block.size, i);
-    Rebuilt& r = rebuilt[device];
+    device_index(device).all.add(o.block.span().begin(), o.block.size, i);
+    Rebuilt& r = rebuilt[static_cast<std::size_t>(device)];
     o.live_indexed = o.live();
     if (o.live()) {
       r.live.push_back({o.block.span().begin(), o.block.size, i});
@@ -123,8 +124,9 @@ void BlockHistory::rebuild(std::deque<Occupant> occupants,
       r.unlisted.push_back(i);
     }
   }
-  for (auto& [device, r] : rebuilt) {
-    DeviceIndex& d = devices_[device];
+  for (std::size_t device = 0; device < rebuilt.size(); ++device) {
+    Rebuilt& r = rebuilt[device];
+    DeviceIndex& d = device_index(static_cast<int>(device));
     d.live.assign(r.live);
     d.live_outside.assign(r.live_outside);
     d.freed = std::move(r.unlisted);
@@ -142,10 +144,18 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
   o.free_tick = 1;
   if (!o.live_indexed) return;
   o.live_indexed = false;
-  devices_[device].live.remove(o.block.span().begin(), o.block.size, it->second);
+  DeviceIndex& d = device_index(device);
+  d.live.remove(o.block.span().begin(), o.block.size, it->second);
   if (o.block.capture == 0) {
-    devices_[device].live_outside.remove(o.block.span().begin(), o.block.size, it->second);
+    d.live_outside.remove(o.block.span().begin(), o.block.size, it->second);
   }
+}
+
+BlockHistory::DeviceIndex& BlockHistory::add_device(int device) {
+  assert(device >= 0);
+  const auto i = static_cast<std::size_t>(device);
+  devices_.resize(i + 1);
+  return devices_[i];
 }
 
 const Occupant* BlockHistory::find(std::uint64_t sequence) const {
@@ -155,9 +165,9 @@ const Occupant* BlockHistory::find(std::uint64_t sequence) const {
 
 std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan span) const {
   std::vector<const Occupant*> out;
-  auto d = devices_.find(device);
-  if (d == devices_.end()) return out;
-  d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
+  const DeviceIndex* d = find_device(device);
+  if (d == nullptr) return out;
+  d->all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
     if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
   std::sort(out.begin(), out.end(), [](const Occupant* a, const Occupant* b) {
@@ -166,13 +176,12 @@ std::vector<const Occupant*> BlockHistory::overlapping(int device, MemorySpan sp
   return out;
 }
 
-std::vector<const Occupant*> BlockHistory::chain(int device, MemorySpan span,
-                                                 std::uint64_t first, std::uint64_t last,
-                                                 std::size_t links) const {
-  std::vector<const Occupant*> out;
-  auto d = devices_.find(device);
-  if (d == devices_.end() || links == 0) return out;
-  d->second.all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
+void BlockHistory::chain(int device, MemorySpan span, std::uint64_t first, std::uint64_t last,
+                         std::size_t links, std::vector<const Occupant*>& out) const {
+  out.clear();
+  const DeviceIndex* d = find_device(device);
+  if (d == nullptr || links == 0) return;
+  d->all.folded().for_overlapping(span, visited_, [&](std::size_t i) {
     const Occupant& o = *slots_[i];
     if (o.block.sequence >= first && o.block.sequence <= last && o.block.span().overlaps(span)) {
       out.push_back(&o);
@@ -189,38 +198,37 @@ std::vector<const Occupant*> BlockHistory::chain(int device, MemorySpan span,
     out.erase(out.begin() + 1, latest);
   }
   std::sort(out.begin(), out.end(), by_sequence);
-  return out;
 }
 
 void BlockHistory::live_overlapping(int device, MemorySpan span,
                                     std::vector<const Occupant*>& out) const {
-  auto d = devices_.find(device);
-  if (d == devices_.end()) return;
-  d->second.live.for_overlapping(span, visited_, [&](std::size_t i) {
+  const DeviceIndex* d = find_device(device);
+  if (d == nullptr) return;
+  d->live.for_overlapping(span, visited_, [&](std::size_t i) {
     if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
 }
 
 bool BlockHistory::any_live_outside(int device) const {
-  auto d = devices_.find(device);
-  return d != devices_.end() && !d->second.live_outside.spans.empty();
+  const DeviceIndex* d = find_device(device);
+  return d != nullptr && !d->live_outside.spans.empty();
 }
 
 void BlockHistory::live_outside_overlapping(int device, MemorySpan span,
                                             std::vector<const Occupant*>& out) const {
-  auto d = devices_.find(device);
-  if (d == devices_.end()) return;
-  d->second.live_outside.for_overlapping(span, visited_, [&](std::size_t i) {
+  const DeviceIndex* d = find_device(device);
+  if (d == nullptr) return;
+  d->live_outside.for_overlapping(span, visited_, [&](std::size_t i) {
     if (slots_[i]->block.span().overlaps(span)) out.push_back(slots_[i]);
   });
 }
 
 std::vector<const Occupant*> BlockHistory::freed_since(int device, std::uint64_t tick) const {
   std::vector<const Occupant*> out;
-  auto d = devices_.find(device);
-  if (d == devices_.end()) return out;
+  const DeviceIndex* d = find_device(device);
+  if (d == nullptr) return out;
   // Frees are recorded in tick order: walk back from the newest.
-  const auto& freed = d->second.freed;
+  const auto& freed = d->freed;
   for (auto it = freed.rbegin(); it != freed.rend() && slots_[*it]->free_tick > tick; ++it) {
     out.push_back(slots_[*it]);
   }

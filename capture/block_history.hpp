@@ -18,13 +18,13 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <utility>
 #include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "capalloc/capture.hpp"
+#include "common/chunked_vector.hpp"
 #include "capture/span_index.hpp"
 
 namespace capalloc::detail {
@@ -46,9 +46,12 @@ struct Occupant {
 
 class BlockHistory {
  public:
+  // Chunks of 128 occupants (112 bytes each): a std::deque allocated a node
+  // for every four.
+  using Occupants = ChunkedVector<Occupant, 128>;
   BlockHistory() = default;
   // Not copyable: slots_ points into occupants_ (a copy would point into
-  // the original). A move keeps the deque's elements where they are.
+  // the original). A move keeps the occupants where they are.
   BlockHistory(const BlockHistory&) = delete;
   BlockHistory& operator=(const BlockHistory&) = delete;
   BlockHistory(BlockHistory&&) = default;
@@ -82,8 +85,9 @@ class BlockHistory {
   // in allocation order, at most `links` of them: beyond that the first one
   // and the latest `links` - 1. O(occupants overlapping `span`): only those
   // in the range are ordered, and only the kept ones sorted.
-  std::vector<const Occupant*> chain(int device, MemorySpan span, std::uint64_t first,
-                                     std::uint64_t last, std::size_t links) const;
+  // Into `out` (cleared first), which keeps its capacity across calls.
+  void chain(int device, MemorySpan span, std::uint64_t first, std::uint64_t last,
+             std::size_t links, std::vector<const Occupant*>& out) const;
   // Appends the live occupants overlapping `span` to `out`. Unordered.
   void live_overlapping(int device, MemorySpan span, std::vector<const Occupant*>& out) const;
   // Likewise, only those allocated outside any capture: the only ones whose
@@ -105,7 +109,7 @@ class BlockHistory {
   // stay in free order without a sort). Returns how many remain.
   template <typename Keep>
   std::size_t prune(Keep&& keep) {
-    std::deque<Occupant> kept;
+    Occupants kept;
     std::vector<std::size_t> renumbered(occupants_.size(), kDropped);
     for (std::size_t i = 0; i < occupants_.size(); ++i) {
       Occupant& o = *slots_[i];
@@ -178,20 +182,32 @@ class BlockHistory {
   // The occupants a prune kept, and each former index's new one (kDropped
   // for those it dropped).
   static constexpr std::size_t kDropped = ~std::size_t{0};
-  void rebuild(std::deque<Occupant> occupants, const std::vector<std::size_t>& renumbered);
+  void rebuild(Occupants occupants, const std::vector<std::size_t>& renumbered);
   // note(), returning the occupant's index.
   std::size_t note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
                          bool freed_next, bool* inserted = nullptr);
   void index_live(int device, Occupant& o, std::size_t index);
 
   mutable std::uint64_t visited_ = 0;
-  std::deque<Occupant> occupants_;  // a deque: growing never moves an occupant
-  // Each occupant's address by index: indexing the deque costs about 20
-  // instructions, and a reuse chain visits every occupant that ever sat on
+  Occupants occupants_;  // growing never moves an occupant
+  // Each occupant's address by index: indexing occupants_ takes a division
+  // and two loads, and a reuse chain visits every occupant that ever sat on
   // its range.
   std::vector<Occupant*> slots_;
   absl::flat_hash_map<std::uint64_t, std::size_t> by_sequence_;
-  absl::flat_hash_map<int, DeviceIndex> devices_;
+  // Each device's indexes, by device number (numbered from 0, and few: an
+  // index, not a hash, at every note and query).
+  std::vector<DeviceIndex> devices_;
+  DeviceIndex& device_index(int device) {
+    const auto i = static_cast<std::size_t>(device);
+    return i < devices_.size() ? devices_[i] : add_device(device);
+  }
+  DeviceIndex& add_device(int device);  // grows devices_ to hold `device`
+  const DeviceIndex* find_device(int device) const {
+    return device >= 0 && static_cast<std::size_t>(device) < devices_.size()
+               ? &devices_[static_cast<std::size_t>(device)]
+               : nullptr;
+  }
 };
 
 }  // namespace capalloc::detail

@@ -13,8 +13,8 @@ MemorySpan intersect(MemorySpan a, MemorySpan b) {
   return end > begin ? MemorySpan{reinterpret_cast<const void*>(begin), end - begin} : MemorySpan{};
 }
 
-std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
-  // In place: sorted, then compacted over itself (no second vector).
+void merge_in_place(std::vector<MemorySpan>& spans) {
+  // Sorted, then compacted over itself (no second vector).
   if (spans.size() > 1) {
     std::sort(spans.begin(), spans.end(),
               [](const MemorySpan& a, const MemorySpan& b) { return a.begin() < b.begin(); });
@@ -31,23 +31,30 @@ std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
     }
   }
   spans.resize(kept);
+}
+
+std::vector<MemorySpan> merged(std::vector<MemorySpan> spans) {
+  merge_in_place(spans);
   return spans;
 }
 
-std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
-  std::vector<MemorySpan> out;
-  if (cover.empty()) {
-    if (range.bytes != 0) out.push_back(range);
-    return out;
-  }
+void subtract_into(MemorySpan range, std::vector<MemorySpan>& cover,
+                   std::vector<MemorySpan>& out) {
+  if (range.bytes == 0) return;
+  merge_in_place(cover);
   std::uintptr_t at = range.begin();
-  for (const MemorySpan& c : merged(std::move(cover))) {
+  for (const MemorySpan& c : cover) {
     if (c.end() <= at) continue;
     if (c.begin() >= range.end()) break;
     if (c.begin() > at) out.push_back({reinterpret_cast<const void*>(at), c.begin() - at});
     at = std::max(at, c.end());
   }
   if (at < range.end()) out.push_back({reinterpret_cast<const void*>(at), range.end() - at});
+}
+
+std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover) {
+  std::vector<MemorySpan> out;
+  subtract_into(range, cover, out);
   return out;
 }
 

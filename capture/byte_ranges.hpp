@@ -14,8 +14,14 @@ namespace capalloc::detail {
 MemorySpan intersect(MemorySpan a, MemorySpan b);
 // `spans` as a range set: sorted, merged where they touch or overlap.
 std::vector<MemorySpan> merged(std::vector<MemorySpan> spans);
+// The same in place (no allocation).
+void merge_in_place(std::vector<MemorySpan>& spans);
 // The bytes of `range` that none of `cover` holds, as a range set.
 std::vector<MemorySpan> subtract(MemorySpan range, std::vector<MemorySpan> cover);
+// The same appended to `out`; `cover` may be merged in place. For callers
+// that keep their vectors across calls (the alias rule's inner loops), so
+// that neither allocates once grown.
+void subtract_into(MemorySpan range, std::vector<MemorySpan>& cover, std::vector<MemorySpan>& out);
 // The range set `set` within `range`.
 std::vector<MemorySpan> intersect_all(const std::vector<MemorySpan>& set, MemorySpan range);
 // True when `spans` together hold every byte of `range`.

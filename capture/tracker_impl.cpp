@@ -233,7 +233,8 @@ std::vector<BlockRef> CaptureTracker::Impl::live_victims(int device,
 // and the most recent steps.
 void CaptureTracker::Impl::complete_finding(Finding& f) const {
   ++work.findings;
-  std::vector<detail::VictimAccess> accesses;
+  std::vector<detail::VictimAccess>& accesses = finding_accesses;
+  accesses.clear();
   // Every graph's accesses through the victim (blocks are on one device).
   const auto overlapping = index.through(f.victim.sequence);
   work.accesses += overlapping.size();
@@ -245,13 +246,12 @@ void CaptureTracker::Impl::complete_finding(Finding& f) const {
       accesses.push_back({graph, it->second->record.label, &a, &it->second->order});
     }
   }
-  detail::classify(f, std::move(accesses));
-  std::vector<ChainLink> links;
-  for (const detail::Occupant* o : history.chain(device_of(f), f.overlap, f.writer.sequence,
-                                                 f.victim.sequence, kChainLinks)) {
-    links.push_back(o->link());
-  }
-  f.reuse_chain = std::move(links);
+  detail::classify(f, accesses);
+  history.chain(device_of(f), f.overlap, f.writer.sequence, f.victim.sequence, kChainLinks,
+                finding_chain);
+  f.reuse_chain.clear();
+  f.reuse_chain.reserve(finding_chain.size());
+  for (const detail::Occupant* o : finding_chain) f.reuse_chain.push_back(o->link());
   f.fix = detail::fix_for(f);
 }
 int CaptureTracker::Impl::device_of(const Finding& f) const {

@@ -180,6 +180,10 @@ struct CAPALLOC_INTERNAL CaptureTracker::Impl final : CaptureListener {
   absl::flat_hash_map<std::uint64_t, int> writer_refs;
   std::size_t history_after_prune = 0;
   mutable TrackerWork work;  // guarded by mu
+  // complete_finding's vectors, reused from finding to finding so that,
+  // once grown, they do not allocate. Guarded by mu.
+  mutable std::vector<detail::VictimAccess> finding_accesses;
+  mutable std::vector<const detail::Occupant*> finding_chain;
 
 
   void on_block_event(const BlockEvent& event) override;
