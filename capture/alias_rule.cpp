@@ -6,13 +6,16 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "capture/byte_ranges.hpp"
 
 namespace capalloc::detail {
 
 namespace {
+
+// A std::string_view as absl's StrCat takes it (Debian's Abseil has its own
+// string_view type).
+absl::string_view text(std::string_view s) { return {s.data(), s.size()}; }
 
 // The victim's accesses in `record` that overlap `range`.
 std::vector<const RecordedWrite*> victim_accesses(const IndexedRecord& record,
@@ -39,18 +42,11 @@ bool writes_whole(const RecordedWrite& a, bool optimistic) {
   return a.mode == AccessMode::kWrite || (optimistic && a.mode == AccessMode::kTouch);
 }
 
-// Vectors the alias rule's inner loops fill and clear, kept by the caller
-// across calls so that, once grown, they do not allocate.
-struct SpanScratch {
-  std::vector<MemorySpan> restored;
-  std::vector<MemorySpan> between;
-};
-
 // Sets `harmed` to the bytes left harmed, as a range set. `own`: the
 // victim's accesses in `record` overlapping `range` (victim_accesses).
 void left_clobbered(const IndexedRecord& record, const std::vector<const RecordedWrite*>& own,
                     MemorySpan range, std::size_t clobber, bool optimistic,
-                    SpanScratch& scratch, std::vector<MemorySpan>& harmed) {
+                    ClobberScratch& scratch, std::vector<MemorySpan>& harmed) {
   harmed.clear();
   // Nothing through the victim there: the whole range stays clobbered.
   if (own.empty()) {
@@ -163,9 +159,9 @@ bool victim_may_write_first(const IndexedRecord& record, const BlockRef& victim,
 }
 
 std::string describe_path(const std::vector<std::size_t>& path) {
-  std::vector<std::string> steps;
-  for (std::size_t p : path) steps.push_back(absl::StrCat("node ", p));
-  return absl::StrJoin(steps, " -> ");
+  std::string out;
+  for (std::size_t p : path) absl::StrAppend(&out, out.empty() ? "node " : " -> node ", p);
+  return out;
 }
 
 std::string name_of(const BlockRef& b) {
@@ -345,16 +341,15 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
     f.severity_reason = std::move(reason);
   };
   if (f.mode_unknown) {
-    return possible(absl::StrFormat(
-        "the %s rests on an access of unknown mode (an inspected touch: a pointer in a kernel's "
-        "parameters): it happens only if that kernel %s",
-        f.harm == Harm::kStaleRead ? "stale read" : "clobber",
+    return possible(absl::StrCat(
+        "the ", f.harm == Harm::kStaleRead ? "stale read" : "clobber",
+        " rests on an access of unknown mode (an inspected touch: a pointer in a kernel's "
+        "parameters): it happens only if that kernel ",
         f.harm == Harm::kStaleRead ? "reads those bytes" : "writes those bytes"));
   }
   if (f.harm == Harm::kStaleRead) {
-    return hazard(absl::StrFormat(
-        "a stale read: each replay computes from %s's data instead of the graph's own input",
-        name_of(f.victim)));
+    return hazard(absl::StrCat("a stale read: each replay computes from ", name_of(f.victim),
+                               "'s data instead of the graph's own input"));
   }
   if (f.victim.lifetime == Lifetime::kPersistent) {
     return hazard("the victim is persistent: every replay must leave it intact");
@@ -385,7 +380,7 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
   // from a touch, is `possible`.
   std::stable_sort(accesses.begin(), accesses.end(),
                    [](const VictimAccess& a, const VictimAccess& b) { return a.graph < b.graph; });
-  std::vector<std::string> writers;
+  std::vector<absl::string_view> writers;  // labels of the records, which outlive this call
   std::vector<MemorySpan> used;  // harmed bytes some graph uses (and writes first)
   std::string uncertain;         // why the verdict hinges on a mode not known
   for (std::size_t i = 0; i < accesses.size();) {
@@ -404,19 +399,18 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
         used.push_back(piece);
         if (graph == f.graph) {
           if (a.mode == AccessMode::kTouch) {
-            uncertain = absl::StrFormat("%s itself touches the victim (%s, mode unknown)", label,
-                                        a.op);
+            uncertain = absl::StrCat(text(label), " itself touches the victim (", text(a.op),
+                                     ", mode unknown)");
             continue;
           }
-          return hazard(absl::StrFormat(
-              "%s itself uses the victim (%s by %s), and its replay leaves the clobber there",
-              label, access_mode_name(a.mode), a.op));
+          return hazard(absl::StrCat(text(label), " itself uses the victim (",
+                                     access_mode_name(a.mode), " by ", text(a.op),
+                                     "), and its replay leaves the clobber there"));
         }
         if (a.mode == AccessMode::kWrite) continue;
         if (a.inferred_write) {
-          uncertain = absl::StrFormat(
-              "%s's first use of the victim (%s at node %d) is a touch taken to write it", label,
-              a.op, a.position);
+          uncertain = absl::StrCat(text(label), "'s first use of the victim (", text(a.op), " at node ",
+                                   a.position, ") is a touch taken to write it");
           continue;
         }
         std::vector<MemorySpan> definite, inferred;
@@ -430,25 +424,24 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
         }
         if (covers(std::move(definite), piece)) continue;
         if (a.mode == AccessMode::kTouch) {
-          uncertain = absl::StrFormat(
-              "%s touches the victim (%s at node %d, mode unknown) before any write of it", label,
-              a.op, a.position);
+          uncertain = absl::StrCat(text(label), " touches the victim (", text(a.op), " at node ", a.position,
+                                   ", mode unknown) before any write of it");
           continue;
         }
         if (covers(std::move(inferred), piece)) {
-          uncertain = absl::StrFormat(
-              "%s reads the victim after a touch that may have written it (%s at node %d)", label,
-              a.op, a.position);
+          uncertain = absl::StrCat(text(label),
+                                   " reads the victim after a touch that may have written it (",
+                                   text(a.op), " at node ", a.position, ")");
           continue;
         }
-        return hazard(absl::StrFormat(
-            "%s may read the victim before writing it (%s by %s at node %d, which no whole "
-            "write of those bytes precedes on a path of %s)",
-            label, access_mode_name(a.mode), a.op, a.position,
-            order.from_edges() ? "the graph's edges" : "capture order"));
+        return hazard(absl::StrCat(
+            text(label), " may read the victim before writing it (", access_mode_name(a.mode),
+            " by ", text(a.op), " at node ", a.position,
+            ", which no whole write of those bytes precedes on a path of ",
+            order.from_edges() ? "the graph's edges" : "capture order", ")"));
       }
     }
-    if (uses_overlap) writers.emplace_back(label);
+    if (uses_overlap) writers.push_back(text(label));
     i = end;
   }
   if (!uncertain.empty()) {
@@ -462,16 +455,16 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
   const std::string unused =
       unused_bytes == 0
           ? std::string()
-          : absl::StrFormat("%d clobbered byte(s) no graph uses: the unused part of a block "
-                            "graphs write (an eager reader of them would see the clobber)",
-                            unused_bytes);
+          : absl::StrCat(unused_bytes,
+                         " clobbered byte(s) no graph uses: the unused part of a block graphs "
+                         "write (an eager reader of them would see the clobber)");
   if (writers.empty()) {
     f.severity_reason = unused;
   } else {
-    f.severity_reason = absl::StrFormat(
-        "every graph that uses the clobbered bytes (%s) writes them whole before reading them: "
-        "an output or scratch, rewritten at each of their replays%s",
-        absl::StrJoin(writers, ", "),
+    f.severity_reason = absl::StrCat(
+        "every graph that uses the clobbered bytes (", absl::StrJoin(writers, ", "),
+        ") writes them whole before reading them: an output or scratch, rewritten at each of "
+        "their replays",
         unused.empty() ? std::string() : absl::StrCat("; ", unused));
   }
 }
@@ -479,36 +472,32 @@ void classify(Finding& f, std::vector<VictimAccess>& accesses) {
 std::string fix_for(const Finding& f) {
   if (f.harm == Harm::kStaleRead) {
     if (f.writer.sequence == 0) {
-      return absl::StrFormat(
-          "%s reads memory that no block held when it was captured (a stale pointer): "
-          "capture only launches whose buffers are live",
-          f.graph_label);
+      return absl::StrCat(f.graph_label,
+                          " reads memory that no block held when it was captured (a stale "
+                          "pointer): capture only launches whose buffers are live");
     }
     const std::string writer = name_of(f.writer);
-    return absl::StrFormat(
-        "%s still reads through %s, which was freed after the capture: keep %s alive while %s "
-        "can replay (the graph outlived a tensor it depends on), or destroy the graph before "
-        "freeing it",
-        f.graph_label, writer, writer, f.graph_label);
+    return absl::StrCat(f.graph_label, " still reads through ", writer,
+                        ", which was freed after the capture: keep ", writer, " alive while ",
+                        f.graph_label,
+                        " can replay (the graph outlived a tensor it depends on), or destroy "
+                        "the graph before freeing it");
   }
   if (f.victim.capture != 0) {
-    return absl::StrFormat(
-        "%s was allocated during capture %d and outlives it: allocate it before the capture, "
-        "or make it persistent and preallocate it during warmup, so it never takes an address "
-        "a graph writes",
-        name_of(f.victim), f.victim.capture);
+    return absl::StrCat(name_of(f.victim), " was allocated during capture ", f.victim.capture,
+                        " and outlives it: allocate it before the capture, or make it "
+                        "persistent and preallocate it during warmup, so it never takes an "
+                        "address a graph writes");
   }
   if (f.writer.sequence == 0) {
-    return absl::StrFormat(
-        "%s writes memory that no block held when it was captured (a stale pointer): "
-        "capture only launches whose buffers are live",
-        f.graph_label);
+    return absl::StrCat(f.graph_label,
+                        " writes memory that no block held when it was captured (a stale "
+                        "pointer): capture only launches whose buffers are live");
   }
   const std::string writer = name_of(f.writer);
-  return absl::StrFormat(
-      "%s still writes through %s, which was freed after the capture: keep %s alive while %s "
-      "can replay, or destroy the graph before freeing it",
-      f.graph_label, writer, writer, f.graph_label);
+  return absl::StrCat(f.graph_label, " still writes through ", writer,
+                      ", which was freed after the capture: keep ", writer, " alive while ",
+                      f.graph_label, " can replay, or destroy the graph before freeing it");
 }
 
 namespace {
@@ -573,32 +562,37 @@ void describe_clobber_order(Finding& f, const IndexedRecord& r, const BlockRef& 
   });
   for (const RecordedWrite* a : own) {
     if (order.unordered(clobber, a->position)) {
-      return set_order(f, order, absl::StrFormat(
-          "unordered: no path of edges joins node %d (the write through %s) and node %d (the "
-          "victim's %s by %s), so a replay may run the clobber after it",
-          clobber, name_of(f.writer), a->position, access_mode_name(a->mode), a->op));
+      return set_order(f, order,
+                       absl::StrCat("unordered: no path of edges joins node ", clobber,
+                                    " (the write through ", name_of(f.writer), ") and node ",
+                                    a->position, " (the victim's ", access_mode_name(a->mode),
+                                    " by ", text(a->op), "), so a replay may run the clobber after it"));
     }
   }
   for (auto it = own.rbegin(); it != own.rend(); ++it) {
     if ((*it)->mode == AccessMode::kWrite && order.before((*it)->position, clobber)) {
       std::vector<std::size_t> path = order.path((*it)->position, clobber);
-      return set_order(f, order, absl::StrFormat(
-          "after: %s; the clobber follows the victim's own write at node %d in every replay",
-          describe_path(path), (*it)->position), std::move(path));
+      return set_order(f, order,
+                       absl::StrCat("after: ", describe_path(path),
+                                    "; the clobber follows the victim's own write at node ",
+                                    (*it)->position, " in every replay"),
+                       std::move(path));
     }
   }
   for (const RecordedWrite* a : own) {
     if (a->mode != AccessMode::kWrite && order.before(clobber, a->position)) {
       std::vector<std::size_t> path = order.path(clobber, a->position);
-      return set_order(f, order, absl::StrFormat(
-          "before a read: %s; the victim's %s by %s reads the clobbered bytes with no whole "
-          "write of them in between",
-          describe_path(path), access_mode_name(a->mode), a->op), std::move(path));
+      return set_order(f, order,
+                       absl::StrCat("before a read: ", describe_path(path), "; the victim's ",
+                                    access_mode_name(a->mode), " by ", text(a->op),
+                                    " reads the clobbered bytes with no whole write of them in "
+                                    "between"),
+                       std::move(path));
     }
   }
-  set_order(f, order, absl::StrFormat(
-      "no rewrite: nothing the graph does through the victim after node %d restores the "
-      "clobbered bytes", clobber));
+  set_order(f, order,
+            absl::StrCat("no rewrite: nothing the graph does through the victim after node ",
+                         clobber, " restores the clobbered bytes"));
 }
 
 // The order evidence of the stale read at node `reader` of `stale`.
@@ -615,21 +609,24 @@ void describe_stale_order(Finding& f, const IndexedRecord& r, std::size_t reader
     for (std::size_t i : r.writes_overlapping(range)) {
       const RecordedWrite& w = r.record.writes[i];
       if (w.mode == AccessMode::kWrite && order.unordered(w.position, reader)) {
-        return set_order(f, order, absl::StrFormat(
-            "unordered: node %d writes these bytes, but no path of edges orders it before the "
-            "read at node %d", w.position, reader));
+        return set_order(f, order,
+                         absl::StrCat("unordered: node ", w.position,
+                                      " writes these bytes, but no path of edges orders it "
+                                      "before the read at node ",
+                                      reader));
       }
     }
   }
-  set_order(f, order, absl::StrFormat(
-      "no earlier write: no node on a path of edges before the read at node %d writes these "
-      "bytes, so they come from before the replay", reader));
+  set_order(f, order,
+            absl::StrCat("no earlier write: no node on a path of edges before the read at node ",
+                         reader, " writes these bytes, so they come from before the replay"));
 }
 
 }  // namespace
 
 void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
-                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out) {
+                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out,
+                   ClobberScratch& scratch) {
   // One finding per (graph, victim). Its writer is the last clobbering write
   // in capture order (the data a capture-order replay leaves behind); its ranges are the
   // exact bytes left clobbered (footprint: the whole overlap, an upper bound).
@@ -638,14 +635,14 @@ void find_clobbers(const IndexedRecord& r, const BlockRef& victim,
   // order evidence is described once, after the loop (only the last named
   // access's description would stand).
   std::size_t named_position = 0;
-  std::vector<MemorySpan> named_left;
+  std::vector<MemorySpan>& named_left = scratch.named_left;
+  named_left.clear();
   // The victim's own accesses (per candidate: those overlapping its bytes).
   const absl::Span<const std::size_t> through = r.accesses_through(victim.sequence);
-  std::vector<const RecordedWrite*> own;
-  // Each candidate's harmed bytes, pessimistic and optimistic, in vectors
-  // reused from candidate to candidate.
-  std::vector<MemorySpan> left, left_optimistic;
-  SpanScratch scratch;
+  std::vector<const RecordedWrite*>& own = scratch.own;
+  // Each candidate's harmed bytes, pessimistic and optimistic.
+  std::vector<MemorySpan>& left = scratch.left;
+  std::vector<MemorySpan>& left_optimistic = scratch.left_optimistic;
   for (std::size_t i : candidates) {
     const RecordedWrite& w = r.record.writes[i];
     if (w.mode == AccessMode::kRead) continue;  // reads never clobber

@@ -132,10 +132,22 @@ class WriteIndex {
   absl::flat_hash_map<int, DeviceWrites> devices_;
 };
 
+// Vectors find_clobbers fills and clears, kept by its caller across victims
+// so that, once grown, they do not allocate. Holds nothing between calls.
+struct ClobberScratch {
+  std::vector<const RecordedWrite*> own;  // the victim's accesses on a write's bytes
+  std::vector<MemorySpan> left;           // bytes a write leaves harmed
+  std::vector<MemorySpan> left_optimistic;
+  std::vector<MemorySpan> named_left;  // those of the write that names the finding
+  std::vector<MemorySpan> restored;    // whole writes through the victim after a write
+  std::vector<MemorySpan> between;     // and those before a read of the victim
+};
+
 // Appends the findings of `record` against `victim`, considering the writes
 // `candidates` (indices into record.writes overlapping the victim).
 void find_clobbers(const IndexedRecord& record, const BlockRef& victim,
-                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out);
+                   const std::vector<std::size_t>& candidates, std::vector<Finding>& out,
+                   ClobberScratch& scratch);
 
 // One access some graph makes through the victim's own block.
 struct VictimAccess {

@@ -280,6 +280,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r,
   }
   std::vector<Finding> out;
   std::vector<std::size_t> candidates;
+  detail::ClobberScratch scratch;
   std::vector<BlockRef> read_victims;  // those overlapping an access that may read
   for (const BlockRef& victim : accessed_live) {
     r.writes_overlapping(victim.span(), candidates);
@@ -292,7 +293,7 @@ std::vector<Finding> CaptureTracker::Impl::check_record(const IndexedRecord& r,
     if (!written) continue;
     ++work.victims;
     work.accesses += candidates.size();
-    detail::find_clobbers(r, victim, candidates, out);
+    detail::find_clobbers(r, victim, candidates, out, scratch);
   }
   // Stale reads: live blocks now holding bytes the graph reads through
   // another block (the common case, a read through its own live block,
@@ -403,6 +404,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
   // (each graph's candidates in capture order), and one graph's candidates.
   std::vector<std::pair<GraphHandle, std::size_t>> overlapping;
   std::vector<std::size_t> candidates;
+  detail::ClobberScratch scratch;
   for (const BlockRef& victim : live_victims(capture.device, std::move(victim_spans))) {
     if (!seen.insert(victim.sequence).second) continue;
     index.overlapping(capture.device, victim.span(), overlapping);
@@ -418,7 +420,7 @@ std::vector<Finding> CaptureTracker::Impl::finish_capture(
       work.accesses += candidates.size();
       const IndexedRecord& other = *records.at(g);
       const std::size_t before = findings.size();
-      detail::find_clobbers(other, victim, candidates, findings);
+      detail::find_clobbers(other, victim, candidates, findings, scratch);
       detail::find_stale_reads(other, victim, candidates, findings);
       for (std::size_t i = before; i < findings.size(); ++i) complete_finding(findings[i]);
     }
