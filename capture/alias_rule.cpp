@@ -178,23 +178,28 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
   record.order_from_edges = order.from_edges();
   const std::size_t n = record.writes.size();
   by_begin_.reserve(n);
-  // Group sizes first, then each group's place, then the groups filled in
-  // capture order.
-  writer_groups_.reserve(n);
+  // (block, write) pairs in block order, capture order within a block: a
+  // capture's writes usually come in that order already.
+  std::vector<std::pair<std::uint64_t, std::size_t>> keyed;
+  keyed.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
-    ++writer_groups_[record.writes[i].writer.sequence].second;
+    keyed.emplace_back(record.writes[i].writer.sequence, i);
     by_begin_.push_back(i);
     longest_ = std::max(longest_, record.writes[i].span.bytes);
   }
-  std::size_t next = 0;
-  for (auto& [sequence, group] : writer_groups_) {
-    group.first = next;
-    next += group.second;
-    group.second = group.first;  // filled up to here
-  }
-  by_writer_.resize(n);
+  if (!std::is_sorted(keyed.begin(), keyed.end())) std::sort(keyed.begin(), keyed.end());
+  by_writer_.reserve(n);
+  std::size_t groups = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    by_writer_[writer_groups_[record.writes[i].writer.sequence].second++] = i;
+    by_writer_.push_back(keyed[i].second);
+    groups += i == 0 || keyed[i].first != keyed[i - 1].first;
+  }
+  writer_groups_.reserve(groups);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i == 0 || keyed[i].first != keyed[i - 1].first) {
+      writer_groups_.push_back({keyed[i].first, i, i});
+    }
+    ++writer_groups_.back().last;
   }
   std::sort(by_begin_.begin(), by_begin_.end(), [&](std::size_t a, std::size_t b) {
     return record.writes[a].span.begin() < record.writes[b].span.begin();
@@ -202,10 +207,10 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
   // A block born in this capture holds nothing defined until the graph first
   // uses it: its first touches (none of its accesses ordered before them)
   // are taken to write it.
-  for (const auto& [sequence, group] : writer_groups_) {
+  for (const WriterGroup& group : writer_groups_) {
     const absl::Span<const std::size_t> accesses(by_writer_.data() + group.first,
-                                                 group.second - group.first);
-    if (sequence == 0 || record.writes[accesses.front()].writer.capture != record.capture) {
+                                                 group.last - group.first);
+    if (group.sequence == 0 || record.writes[accesses.front()].writer.capture != record.capture) {
       continue;
     }
     for (std::size_t i : accesses) {
@@ -219,9 +224,11 @@ IndexedRecord::IndexedRecord(WriteRecord r, GraphOrder o)
 }
 
 absl::Span<const std::size_t> IndexedRecord::accesses_through(std::uint64_t sequence) const {
-  auto it = writer_groups_.find(sequence);
-  if (it == writer_groups_.end()) return {};
-  return {by_writer_.data() + it->second.first, it->second.second - it->second.first};
+  auto it = std::lower_bound(
+      writer_groups_.begin(), writer_groups_.end(), sequence,
+      [](const WriterGroup& g, std::uint64_t s) { return g.sequence < s; });
+  if (it == writer_groups_.end() || it->sequence != sequence) return {};
+  return {by_writer_.data() + it->first, it->last - it->first};
 }
 
 std::vector<std::size_t> IndexedRecord::writes_overlapping(MemorySpan span) const {

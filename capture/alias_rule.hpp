@@ -46,9 +46,8 @@ struct IndexedRecord {
   // through no block), with the indices of its accesses in capture order.
   template <typename F>
   void for_each_writer(F&& visit) const {
-    for (const auto& [sequence, group] : writer_groups_) {
-      visit(sequence, absl::Span<const std::size_t>(by_writer_.data() + group.first,
-                                                    group.second - group.first));
+    for (const WriterGroup& g : writer_groups_) {
+      visit(g.sequence, absl::Span<const std::size_t>(by_writer_.data() + g.first, g.last - g.first));
     }
   }
 
@@ -57,9 +56,16 @@ struct IndexedRecord {
   std::size_t longest_ = 0;
   // Write indices grouped by the block written through (capture order within
   // a group), and each block's group as [first, last) in it: one array for
-  // the record rather than a vector per block.
+  // the record rather than a vector per block. The groups are in sequence
+  // order (found by binary search: built with one sort, not a hash insert
+  // per access, and walked as an array).
   std::vector<std::size_t> by_writer_;
-  absl::flat_hash_map<std::uint64_t, std::pair<std::size_t, std::size_t>> writer_groups_;
+  struct WriterGroup {
+    std::uint64_t sequence;
+    std::size_t first;
+    std::size_t last;
+  };
+  std::vector<WriterGroup> writer_groups_;
 };
 
 // Every graph's writes by address, per device.
