@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cassert>
+#include <stdexcept>
+
+#include "absl/strings/str_cat.h"
 
 namespace capalloc::detail {
 
@@ -21,6 +24,8 @@ Occupant& BlockHistory::note(int device, const BlockRef& block, std::uint64_t al
 
 std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uint64_t alloc_tick,
                                      bool freed_next, bool* inserted) {
+  // The device first: one it refuses leaves the history as it was.
+  DeviceIndex& d = device_index(device);
   const auto [it, fresh] = by_sequence_.try_emplace(block.sequence, occupants_.size());
   if (inserted != nullptr) *inserted = fresh;
   if (!fresh) return it->second;
@@ -30,7 +35,6 @@ std::size_t BlockHistory::note_index(int device, const BlockRef& block, std::uin
   o.block = block;
   o.alloc_tick = alloc_tick;
   o.device = device;
-  DeviceIndex& d = device_index(device);
   d.all.add(block.span().begin(), block.size, index);
   if (!freed_next) index_live(device, o, index);
   return index;
@@ -152,7 +156,12 @@ void BlockHistory::forget_live(int device, std::uint64_t sequence) {
 }
 
 BlockHistory::DeviceIndex& BlockHistory::add_device(int device) {
-  assert(device >= 0);
+  // Devices come from the allocator's blocks and records, which it checked;
+  // a negative one here is a caller's bug, refused before it could index
+  // out of the vector.
+  if (device < 0) {
+    throw std::invalid_argument(absl::StrCat("BlockHistory: device ", device, " is not a device"));
+  }
   const auto i = static_cast<std::size_t>(device);
   devices_.resize(i + 1);
   return devices_[i];

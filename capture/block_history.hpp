@@ -199,10 +199,12 @@ class BlockHistory {
   // index, not a hash, at every note and query).
   std::vector<DeviceIndex> devices_;
   DeviceIndex& device_index(int device) {
-    const auto i = static_cast<std::size_t>(device);
+    const auto i = static_cast<std::size_t>(device);  // a negative one: past the end
     return i < devices_.size() ? devices_[i] : add_device(device);
   }
-  DeviceIndex& add_device(int device);  // grows devices_ to hold `device`
+  // Grows devices_ to hold `device`; std::invalid_argument for a negative
+  // one (nothing changed).
+  DeviceIndex& add_device(int device);
   const DeviceIndex* find_device(int device) const {
     return device >= 0 && static_cast<std::size_t>(device) < devices_.size()
                ? &devices_[static_cast<std::size_t>(device)]

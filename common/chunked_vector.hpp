@@ -27,8 +27,10 @@ class ChunkedVector {
   ChunkedVector(ChunkedVector&& other) noexcept
       : chunks_(std::move(other.chunks_)), size_(std::exchange(other.size_, 0)) {}
   ChunkedVector& operator=(ChunkedVector&& other) noexcept {
-    chunks_ = std::move(other.chunks_);
-    size_ = std::exchange(other.size_, 0);
+    if (this != &other) {
+      chunks_ = std::move(other.chunks_);
+      size_ = std::exchange(other.size_, 0);
+    }
     return *this;
   }
 

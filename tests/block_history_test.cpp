@@ -4,10 +4,12 @@
 // the same ranges one by one builds.
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "capture/block_history.hpp"
+#include "common/chunked_vector.hpp"
 #include "capture/graph_order.hpp"
 #include "capture/span_index.hpp"
 #include "test_support.hpp"
@@ -190,4 +192,47 @@ TEST_CASE("graph order: a chain longer than the dense limit answers without walk
   }
   CHECK(before == expected);
   CHECK(order->path(0, 2) == std::vector<std::size_t>{0, 1, 2});
+}
+
+TEST_CASE("block history: a negative device is refused and changes nothing",
+          "[capture][history]") {
+  BlockHistory history;
+  history.note(0, block(1, 0x100000, 0x800), 1);
+  CHECK_THROWS_AS(history.note(-1, block(2, 0x200000, 0x800), 2), std::invalid_argument);
+  CHECK_THROWS_AS(history.freed(-3, block(3, 0x300000, 0x800), 3, 0, 0), std::invalid_argument);
+  CHECK(history.size() == 1);
+  CHECK(history.find(2) == nullptr);
+  CHECK(history.find(3) == nullptr);
+  std::vector<const Occupant*> live;
+  history.live_overlapping(0, MemorySpan{reinterpret_cast<const void*>(0x100000), 0x10}, live);
+  CHECK(sequences(live) == std::vector<std::uint64_t>{1});
+  live.clear();
+  history.live_overlapping(-1, MemorySpan{reinterpret_cast<const void*>(0x200000), 0x10}, live);
+  CHECK(live.empty());
+}
+
+TEST_CASE("chunked vector: elements never move; a move takes them whole", "[common]") {
+  capalloc::detail::ChunkedVector<int, 4> v;
+  std::vector<int*> addresses;
+  for (int i = 0; i < 10; ++i) {
+    int& slot = v.emplace_back();
+    CHECK(slot == 0);  // default-constructed, never used before
+    slot = i;
+    addresses.push_back(&slot);
+  }
+  for (int i = 0; i < 10; ++i) {
+    CHECK(&v[static_cast<std::size_t>(i)] == addresses[static_cast<std::size_t>(i)]);
+    CHECK(v[static_cast<std::size_t>(i)] == i);
+  }
+  auto& self = v;
+  v = std::move(self);  // a self-move keeps everything
+  CHECK(v.size() == 10);
+  CHECK(&v[9] == addresses[9]);
+  capalloc::detail::ChunkedVector<int, 4> w(std::move(v));
+  CHECK(v.empty());  // NOLINT(bugprone-use-after-move): moved-from is empty
+  CHECK(w.size() == 10);
+  CHECK(&w[5] == addresses[5]);
+  v.push_back(42);  // a moved-from one is usable again
+  CHECK(v.size() == 1);
+  CHECK(v[0] == 42);
 }
