@@ -34,6 +34,7 @@ void FreeIndex::insert(Block* block) {
   second_level_map_[bin.first] =
       static_cast<std::uint16_t>(second_level_map_[bin.first] | (1u << bin.second));
   ++count_;
+  filed_bytes_ += block->size;
 }
 
 void FreeIndex::remove(Block* block) {
@@ -57,6 +58,7 @@ void FreeIndex::remove(Block* block) {
     if (second_level_map_[bin.first] == 0) first_level_map_ &= ~(std::uint64_t{1} << bin.first);
   }
   --count_;
+  filed_bytes_ -= block->size;
 }
 
 Block* FreeIndex::find(std::size_t size) const {

@@ -151,6 +151,7 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   block->size = bytes;
   block->segment = segment.get();
   segment->first = block;
+  segment->index->segment_bytes += bytes;
   segments_.push_back(std::move(segment));
   bump(books_.stats.reserved_bytes, static_cast<std::int64_t>(bytes));
   bump(books_.stats.segments, 1);
@@ -248,6 +249,7 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     }
     Block* block = segment.first;
     index_for(segment).remove(block);
+    index_for(segment).segment_bytes -= segment.size;
     --books_.stats.free_blocks;
     books_.free_bytes -= static_cast<std::int64_t>(block->size);
     books_.arena->recycle(block);
@@ -279,6 +281,8 @@ void Pool::orphan_stream(StreamHandle stream) {
       segment->index->remove(b);
       home->insert(b);
     }
+    segment->index->segment_bytes -= segment->size;
+    home->segment_bytes += segment->size;
     segment->index = home;
     segment->stream = kOrphanKey;
     segment->orphaned = true;
@@ -310,6 +314,8 @@ Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
   FreeIndex* index = make_index(stream, size_class);  // may throw: nothing moved yet
   Block* block = best->first;
   index_for(*best).remove(block);
+  index_for(*best).segment_bytes -= best->size;
+  index->segment_bytes += best->size;
   best->stream = stream;
   best->index = index;
   best->orphaned = false;
@@ -421,6 +427,25 @@ absl::Status Pool::check_invariants() const {
         (seen_slot(seen.key) != slot || lookup_index(seen.key) != seen.index)) {
       return absl::InternalError(absl::StrFormat(
           "slot %d of the free indexes found before is not its key's index", slot));
+    }
+  }
+  // Each index's byte counters (FreeIndex::scarce reads them).
+  absl::flat_hash_map<const FreeIndex*, std::pair<std::size_t, std::size_t>> index_bytes;
+  for (const auto& segment : segments_) {
+    auto& [filed, segment_bytes] = index_bytes[segment->index];
+    segment_bytes += segment->size;
+    for (const Block* b = segment->first; b != nullptr; b = b->next) {
+      if (b->in_free_index) filed += b->size;
+    }
+  }
+  for (const auto& [key, index] : indexes_) {
+    const auto [filed, segment_bytes] = index_bytes[index.get()];
+    if (index->filed_bytes() != filed || index->segment_bytes != segment_bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "the free index of stream %#x, class %d counts %d filed bytes over %d segment bytes; "
+          "its segments hold %d filed bytes over %d",
+          key.stream, static_cast<int>(key.size_class), index->filed_bytes(),
+          index->segment_bytes, filed, segment_bytes));
     }
   }
   std::size_t indexed = 0;

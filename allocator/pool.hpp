@@ -202,11 +202,23 @@ class Pool {
     // most 1/8 of the pool's reserved bytes (at least 1 MiB): without the
     // cap, the two-stream churn of tests/steady_state_test.cpp reserved a
     // segment more than the merging path needs.
-    const QuickCache& quick = block.segment->index->quick;
+    const FreeIndex& index = *block.segment->index;
+    const QuickCache& quick = index.quick;
     const std::size_t cap = std::max(kMinQuickCacheBytes,
                                      static_cast<std::size_t>(books_.stats.reserved_bytes.current) / 8);
     // An orphan's index caches nothing (QuickCache::refuse_all).
-    return quick.caches(block.size) && quick.bytes() + block.size <= cap;
+    if (!quick.caches(block.size) || quick.bytes() + block.size > cap) return false;
+    // A freed block beside a free one (filed or cached) would keep that run
+    // short while it waits in the cache, and requests the cache misses carve
+    // fresh runs elsewhere: over churn of mid-sized working sets, a segment
+    // or two more than merging needs. So while free memory is scarce in
+    // the block's own index (FreeIndex::scarce: the stream's segments of
+    // its class, not the pool's, which other streams' or classes' free
+    // memory would mislead), the block merges instead. Measured in
+    // docs/performance.md ("Memory", twelfth session).
+    const bool beside_free = (block.prev != nullptr && block.prev->is_free()) ||
+                             (block.next != nullptr && block.next->is_free());
+    return !beside_free || !index.scarce();
   }
   // Frees an allocated block into its index's quick cache, unmerged
   // (quick_cache.hpp). Precondition: caches_freed(*block).

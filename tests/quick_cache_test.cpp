@@ -52,17 +52,27 @@ TEST_CASE("quick cache: a freed small block serves the next request of its class
 TEST_CASE("quick cache: cached blocks are merged before a new segment is reserved",
           "[quick_cache]") {
   auto alloc = make_allocator(host_runtime());
-  // Fill one small segment (2 MiB) with 64 KiB blocks, then free the first
-  // eight: 512 KiB, what a cache of a 2 MiB pool may hold, all cached and
-  // unmerged.
+  // Fill one small segment (2 MiB) with 64 KiB blocks. Free the last eight
+  // first (512 KiB, a quarter of the segment: from then on free memory is
+  // not scarce, and freed blocks beside free ones are cached), then the
+  // first eight: all cached and unmerged.
   const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
   const auto before = alloc->stats(0);
   REQUIRE_OK(before);
   REQUIRE(before->segments.current == 1);
+  for (int i = 24; i < 32; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
   for (int i = 0; i < 8; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
-  CHECK(alloc->stats(0)->free_blocks == 8);
   REQUIRE_OK(alloc->CheckInvariants());
-  // 512 KiB fits only in those blocks merged: no second segment.
+  const auto freed = alloc->stats(0);
+  REQUIRE_OK(freed);
+  // The first eight cached apart; the last eight merged into one run as
+  // the first of them found a scarce index.
+  CHECK(freed->free_blocks == 9);
+  // The last eight's place serves a 512 KiB request; the next one fits only
+  // in the first eight merged: no second segment.
+  auto tail = alloc->allocate(512 << 10);
+  REQUIRE_OK(tail);
+  CHECK(*tail == blocks[24]);
   auto big = alloc->allocate(512 << 10);
   REQUIRE_OK(big);
   CHECK(*big == blocks[0]);
@@ -70,8 +80,52 @@ TEST_CASE("quick cache: cached blocks are merged before a new segment is reserve
   CHECK(alloc->stats(0)->reserved_bytes.peak == before->reserved_bytes.peak);
   REQUIRE_OK(alloc->CheckInvariants());
   REQUIRE_OK(alloc->deallocate(*big));
-  for (int i = 8; i < 32; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
+  REQUIRE_OK(alloc->deallocate(*tail));
+  for (int i = 8; i < 24; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
   REQUIRE_OK(alloc->CheckInvariants());
+}
+
+TEST_CASE("quick cache: while its index is scarce, a block freed beside a free one merges",
+          "[quick_cache]") {
+  // FreeIndex::scarce: under a quarter of the index's segment bytes free.
+  SECTION("scarce: a full segment") {
+    auto alloc = make_allocator(host_runtime());
+    const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);
+    REQUIRE(alloc->stats(0)->segments.current == 1);
+    REQUIRE_OK(alloc->deallocate(blocks[31]));  // no free neighbour: cached
+    CHECK(alloc->stats(0)->free_blocks == 1);
+    REQUIRE_OK(alloc->deallocate(blocks[29]));  // no free neighbour: cached
+    CHECK(alloc->stats(0)->free_blocks == 2);
+    // Beside both, in a scarce index: merges with them into one run.
+    REQUIRE_OK(alloc->deallocate(blocks[30]));
+    CHECK(alloc->stats(0)->free_blocks == 1);
+    REQUIRE_OK(alloc->CheckInvariants());
+    auto run = alloc->allocate(192 << 10);
+    REQUIRE_OK(run);
+    CHECK(*run == blocks[29]);
+    REQUIRE_OK(alloc->deallocate(*run));
+    for (int i = 0; i < 29; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
+    REQUIRE_OK(alloc->CheckInvariants());
+  }
+  SECTION("not scarce: most of the segment free") {
+    auto alloc = make_allocator(host_runtime());
+    const std::vector<void*> blocks = allocate_blocks(*alloc, 8, 64 << 10);
+    REQUIRE(alloc->stats(0)->segments.current == 1);
+    REQUIRE(alloc->stats(0)->free_blocks == 1);  // the segment's free tail
+    // Beside the tail, but 1.5 MiB of 2 is free: cached, unmerged.
+    REQUIRE_OK(alloc->deallocate(blocks[7]));
+    CHECK(alloc->stats(0)->free_blocks == 2);
+    REQUIRE_OK(alloc->deallocate(blocks[6]));
+    CHECK(alloc->stats(0)->free_blocks == 3);
+    REQUIRE_OK(alloc->CheckInvariants());
+    // The cache serves its own size back, the block freed last first.
+    auto again = alloc->allocate(64 << 10);
+    REQUIRE_OK(again);
+    CHECK(*again == blocks[6]);
+    REQUIRE_OK(alloc->deallocate(*again));
+    for (int i = 0; i < 6; ++i) REQUIRE_OK(alloc->deallocate(blocks[i]));
+    REQUIRE_OK(alloc->CheckInvariants());
+  }
 }
 
 TEST_CASE("quick cache: a cache holds at most its share of the pool; the rest merge at once",
