@@ -284,7 +284,7 @@ TEST_CASE("a block freed on one stream is not handed to another stream", "[strea
 // Two streams taking turns stay on the steady-state path (the allocator
 // remembers the last two streams it checked); a third, and a destroyed one,
 // must still be told apart from them.
-TEST_CASE("streams taking turns get their own blocks back; a destroyed one is refused",
+TEST_CASE("streams taking turns get their own blocks back, and a destroyed one is refused",
           "[streams]") {
   auto rt = host_runtime();
   auto alloc = make_allocator(rt);

@@ -211,7 +211,7 @@ TEST_CASE("block history: a negative device is refused and changes nothing",
   CHECK(live.empty());
 }
 
-TEST_CASE("chunked vector: elements never move; a move takes them whole", "[common]") {
+TEST_CASE("chunked vector: elements never move, and a move takes them whole", "[common]") {
   capalloc::detail::ChunkedVector<int, 4> v;
   std::vector<int*> addresses;
   for (int i = 0; i < 10; ++i) {

@@ -118,7 +118,7 @@ TEST_CASE("C ABI: DLPack import and release, and their errors", "[c_api][release
   REQUIRE(capalloc_stream_destroy(stream) == CAPALLOC_OK);
 }
 
-TEST_CASE("C ABI: capalloc_release_drain runs what is pending; later releases run at once",
+TEST_CASE("C ABI: capalloc_release_drain runs what is pending, and later releases run at once",
           "[c_api][release]") {
   use_host_runtime();
   std::atomic<int> calls{0};

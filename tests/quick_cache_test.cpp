@@ -128,7 +128,7 @@ TEST_CASE("quick cache: while its index is scarce, a block freed beside a free o
   }
 }
 
-TEST_CASE("quick cache: a cache holds at most its share of the pool; the rest merge at once",
+TEST_CASE("quick cache: a cache holds at most its share of the pool, and the rest merge at once",
           "[quick_cache]") {
   auto alloc = make_allocator(host_runtime());
   const std::vector<void*> blocks = allocate_blocks(*alloc, 32, 64 << 10);

@@ -260,7 +260,7 @@ TEST_CASE("release queue: the destructor runs what is pending") {
   CHECK(ran == 10);
 }
 
-TEST_CASE("release queue: a callback may request another release; drain from one is refused") {
+TEST_CASE("release queue: a callback may request another release, and drain from one is refused") {
   World w;
   std::promise<void> inner_ran;
   std::promise<absl::Status> drain_status;

@@ -128,7 +128,7 @@ TEST_CASE("ill-typed members, unknown ops and other devices are refused") {
              Catch::Contains("t.jsonl:2: device 1"));
 }
 
-TEST_CASE("a stream is any unsigned 64-bit handle, kNoStream included; a negative one is refused") {
+TEST_CASE("a stream is any unsigned 64-bit handle, kNoStream included, and a negative one is refused") {
   // capalloc writes kNoStream (2^64 - 1) for a live block of a destroyed
   // stream's segment when a trace starts: its own traces must read back.
   auto trace = parse(kHeader + "\n" R"({"op": "alloc", "id": 1, "size": 8, "stream": 18446744073709551615})"
