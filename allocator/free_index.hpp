@@ -50,13 +50,15 @@ class FreeIndex {
   bool empty() const { return count_ == 0; }
   // Bytes in the blocks filed here (not those of the quick cache).
   std::size_t filed_bytes() const { return filed_bytes_; }
-  // Bytes of the segments whose free blocks are filed here (kept by the
-  // Pool as segments come, go and change stream).
-  std::size_t segment_bytes = 0;
+  // Bytes of the segments whose free blocks are filed here, counted by
+  // Pool::file_segment as segments come, go and change stream.
+  std::size_t segment_bytes() const { return segment_bytes_; }
+  void add_segment_bytes(std::size_t bytes) { segment_bytes_ += bytes; }
+  void remove_segment_bytes(std::size_t bytes) { segment_bytes_ -= bytes; }
   // Whether free memory is scarce here: under a quarter of the segments'
   // bytes free, the cached included. Then a freed block beside a free run
   // merges rather than waits in the quick cache (Pool::caches_freed).
-  bool scarce() const { return 4 * (filed_bytes_ + quick.bytes()) < segment_bytes; }
+  bool scarce() const { return 4 * (filed_bytes_ + quick.bytes()) < segment_bytes_; }
   // True when `block` is linked in the bin its size maps to, and remembers
   // that bin (remove() trusts Block::free_bin: a block resized while filed
   // fails this). O(bin length); for invariant checks only.
@@ -86,6 +88,7 @@ class FreeIndex {
   unsigned granule_shift_;
   std::size_t count_ = 0;
   std::size_t filed_bytes_ = 0;
+  std::size_t segment_bytes_ = 0;
   std::uint64_t first_level_map_ = 0;
   std::array<std::uint16_t, kFirstLevels> second_level_map_{};
   std::array<Block*, kFirstLevels * kSecondLevels> heads_{};

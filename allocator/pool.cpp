@@ -45,6 +45,12 @@ Pool::~Pool() {
 
 FreeIndex& Pool::index_for(const Segment& segment) { return *segment.index; }
 
+void Pool::file_segment(Segment& segment, FreeIndex* index) {
+  if (segment.index != nullptr) segment.index->remove_segment_bytes(segment.size);
+  if (index != nullptr) index->add_segment_bytes(segment.size);
+  segment.index = index;
+}
+
 FreeIndex* Pool::find_index_slow(StreamHandle stream, SizeClass size_class) const {
   const IndexKey key{stream, size_class};
   IndexEntry& seen = seen_[seen_slot(key)];
@@ -136,7 +142,7 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   segment->stream = stream;
   segment->size_class = policy_.class_of(rounded);
   segment->pool = this;
-  segment->index = make_index(stream, segment->size_class);
+  FreeIndex* const index = make_index(stream, segment->size_class);
   Block* block = books_.arena->make();
   Block* rest = nullptr;
   try {
@@ -151,7 +157,7 @@ Block* Pool::take_from_new_segment(void* base, std::size_t bytes, StreamHandle s
   block->size = bytes;
   block->segment = segment.get();
   segment->first = block;
-  segment->index->segment_bytes += bytes;
+  file_segment(*segment, index);
   segments_.push_back(std::move(segment));
   bump(books_.stats.reserved_bytes, static_cast<std::int64_t>(bytes));
   bump(books_.stats.segments, 1);
@@ -249,7 +255,7 @@ void Pool::take_free_segments(std::vector<SegmentRange>& out,
     }
     Block* block = segment.first;
     index_for(segment).remove(block);
-    index_for(segment).segment_bytes -= segment.size;
+    file_segment(segment, nullptr);
     --books_.stats.free_blocks;
     books_.free_bytes -= static_cast<std::int64_t>(block->size);
     books_.arena->recycle(block);
@@ -281,9 +287,7 @@ void Pool::orphan_stream(StreamHandle stream) {
       segment->index->remove(b);
       home->insert(b);
     }
-    segment->index->segment_bytes -= segment->size;
-    home->segment_bytes += segment->size;
-    segment->index = home;
+    file_segment(*segment, home);
     segment->stream = kOrphanKey;
     segment->orphaned = true;
     orphans_.push_back(segment.get());
@@ -314,10 +318,8 @@ Block* Pool::take_from_orphan(StreamHandle stream, std::size_t segment_bytes,
   FreeIndex* index = make_index(stream, size_class);  // may throw: nothing moved yet
   Block* block = best->first;
   index_for(*best).remove(block);
-  index_for(*best).segment_bytes -= best->size;
-  index->segment_bytes += best->size;
+  file_segment(*best, index);
   best->stream = stream;
-  best->index = index;
   best->orphaned = false;
   std::erase(orphans_, best);
   index->insert(block);
@@ -440,12 +442,12 @@ absl::Status Pool::check_invariants() const {
   }
   for (const auto& [key, index] : indexes_) {
     const auto [filed, segment_bytes] = index_bytes[index.get()];
-    if (index->filed_bytes() != filed || index->segment_bytes != segment_bytes) {
+    if (index->filed_bytes() != filed || index->segment_bytes() != segment_bytes) {
       return absl::InternalError(absl::StrFormat(
           "the free index of stream %#x, class %d counts %d filed bytes over %d segment bytes; "
           "its segments hold %d filed bytes over %d",
           key.stream, static_cast<int>(key.size_class), index->filed_bytes(),
-          index->segment_bytes, filed, segment_bytes));
+          index->segment_bytes(), filed, segment_bytes));
     }
   }
   std::size_t indexed = 0;

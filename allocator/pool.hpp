@@ -298,6 +298,10 @@ class Pool {
     }
   };
   FreeIndex& index_for(const Segment& segment);
+  // Files `segment`'s free blocks under `index` from now on (nullptr: the
+  // segment goes), its bytes counted there (FreeIndex::segment_bytes) and
+  // no longer under the index it had. Moves no block.
+  void file_segment(Segment& segment, FreeIndex* index);
   FreeIndex* find_index(StreamHandle stream, SizeClass size_class) const {
     // Most requests come from the stream of the previous one, or of the one
     // before (two streams taking turns: a compute and a copy stream, or two
